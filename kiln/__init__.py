@@ -1,0 +1,18 @@
+"""kiln: torch.compile, rebuilt from scratch in Python."""
+from kiln.api import OptimizedModule, compile, list_mode_options, list_options, reset
+from kiln.backends import list_backends, register_backend
+from kiln.capture.disable import disable
+from kiln.config import config
+from kiln.exc import BackendCompilerFailed, InvalidArgument, InvalidBackend, KilnError, Unsupported
+
+
+def explain(fn, *args, **kwargs):
+    """`kiln.explain(fn)(*args)`: compile `fn` on those arguments and report graphs, breaks, guards."""
+    from kiln.debug.explain import explain as _explain
+    return _explain(fn, *args, **kwargs)
+
+
+__all__ = ["compile", "config", "disable", "explain", "list_backends", "list_mode_options", "list_options",
+           "register_backend", "reset", "OptimizedModule", "BackendCompilerFailed", "InvalidArgument",
+           "InvalidBackend", "KilnError", "Unsupported"]
+__version__ = "0.1.0"

@@ -1,0 +1,123 @@
+"""`kiln.compile`: argument checks, then a wrapper (function) or OptimizedModule (module)."""
+import functools
+import warnings
+
+import torch
+
+from kiln import capture, config as config_mod
+from kiln.backends import registry
+from kiln.capture.disable import compilation_disabled
+from kiln.exc import InvalidArgument
+
+_warned_python = False
+
+
+def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
+            options=None, disable=False):
+    """Compile `model` (a function or nn.Module), as torch.compile does.
+
+    `model=None` returns a decorator, so `@kiln.compile` and `@kiln.compile(...)` both work.
+    """
+    if model is None:
+        def decorator(m):
+            return compile(m, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                           options=options, disable=disable)
+        return decorator
+    _check_arguments(model, fullgraph, dynamic, mode, options, disable)
+    bound = registry.bind_backend(backend, config_mod.compiler_options(mode, options))
+    if disable:
+        return model
+    if not config_mod.python_supported():
+        return _unsupported_python(model)
+    if isinstance(model, torch.nn.Module):
+        return OptimizedModule(model, capture.optimize(model, bound, fullgraph=fullgraph, dynamic=dynamic))
+    return _wrap_function(model, capture.optimize(model, bound, fullgraph=fullgraph, dynamic=dynamic))
+
+
+def _check_arguments(model, fullgraph, dynamic, mode, options, disable):
+    if not callable(model):
+        raise InvalidArgument(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
+    for name, value in (("fullgraph", fullgraph), ("disable", disable)):
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+    if dynamic not in (None, True, False):
+        raise InvalidArgument(f"dynamic must be None, True or False, got {dynamic!r}")
+    if mode is not None and options is not None:
+        raise InvalidArgument("give either mode or options, not both "
+                              f"(mode={mode!r}, options={options!r}); see kiln.list_mode_options()")
+    if mode is not None and mode not in config_mod.MODE_OPTIONS:
+        raise InvalidArgument(f"unknown mode {mode!r}; modes: {', '.join(config_mod.MODE_OPTIONS)}")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise InvalidArgument(f"options must be a dict, got {type(options).__name__}")
+        unknown = sorted(k for k in options if k not in config_mod.COMPILER_OPTIONS)
+        if unknown:
+            raise InvalidArgument(f"unknown option(s) {unknown}; known options: {list_options()}")
+
+
+def _wrap_function(fn, compiled):
+    @functools.wraps(fn)
+    def compiled_fn(*args, **kwargs):
+        if compilation_disabled():
+            return fn(*args, **kwargs)
+        return compiled(*args, **kwargs)
+    compiled_fn.__kiln_orig__ = fn
+    compiled_fn.__kiln_compiled__ = compiled
+    return compiled_fn
+
+
+class OptimizedModule(torch.nn.Module):
+    """A compiled nn.Module: shares the original's parameters, buffers and state (as `_orig_mod`,
+    as torch.compile does); its forward runs the original's `__call__` through capture, so hooks
+    are honoured."""
+
+    def __init__(self, mod, compiled_call):
+        super().__init__()
+        self._orig_mod = mod
+        self.__dict__["_compiled_call"] = compiled_call  # not a submodule: state_dict stays the original's
+
+    def forward(self, *args, **kwargs):
+        if compilation_disabled():
+            return self._orig_mod(*args, **kwargs)
+        return self._compiled_call(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+    def __repr__(self):
+        return f"OptimizedModule({self._orig_mod!r})"
+
+
+def _unsupported_python(model):
+    global _warned_python
+    import sys
+    msg = (f"kiln captures CPython {'.'.join(map(str, config_mod.SUPPORTED_PYTHON))} bytecode; "
+           f"this is Python {sys.version.split()[0]}, so compiled code runs eagerly")
+    if config_mod.config.error_on_unsupported_python:
+        raise RuntimeError(msg)
+    if not _warned_python:
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        _warned_python = True
+    return model
+
+
+def list_mode_options(mode=None):
+    """What each mode sets (or one mode's settings)."""
+    if mode is not None:
+        if mode not in config_mod.MODE_OPTIONS:
+            raise InvalidArgument(f"unknown mode {mode!r}; modes: {', '.join(config_mod.MODE_OPTIONS)}")
+        return dict(config_mod.MODE_OPTIONS[mode])
+    return {m: dict(o) for m, o in config_mod.MODE_OPTIONS.items()}
+
+
+def list_options():
+    """The names of the compiler options `kiln.compile(options=...)` accepts."""
+    return sorted(config_mod.COMPILER_OPTIONS)
+
+
+def reset():
+    """Forget every compiled entry of every function (the next call compiles again)."""
+    capture.reset()

@@ -1,0 +1,1 @@
+"""Seeing what kiln did: logs (KILN_LOGS), explain, trace dumps."""

@@ -1,0 +1,38 @@
+"""kiln's exceptions: every error a user can see from kiln is one of these."""
+
+
+class KilnError(Exception):
+    """Base class of kiln's own errors."""
+
+
+class InvalidArgument(KilnError, ValueError, TypeError):
+    """Bad input to a public function: an unknown backend, mode or option, a wrong type.
+
+    It is both a ValueError and a TypeError, so callers catching either see it.
+    """
+
+
+class InvalidBackend(InvalidArgument):
+    """A backend name that is not registered."""
+
+
+class Unsupported(KilnError):
+    """A construct capture cannot put into a graph.
+
+    Under fullgraph=False it becomes a graph break; under fullgraph=True it is raised to the
+    user, naming the construct and the file:line of the user's code.
+    """
+
+    def __init__(self, msg, *, where=None):
+        self.msg = msg
+        self.where = where  # "file:line" in user code, when known
+        super().__init__(f"{msg} (at {where})" if where else msg)
+
+
+class BackendCompilerFailed(KilnError):
+    """A backend raised while compiling a graph; the cause is chained."""
+
+    def __init__(self, backend_name, cause):
+        self.backend_name = backend_name
+        self.cause = cause
+        super().__init__(f"backend {backend_name!r} raised {type(cause).__name__}: {cause}")
