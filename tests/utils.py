@@ -40,10 +40,73 @@ def assert_same(fn, compiled, *args, rtol=1e-5, atol=1e-6):
     eager_args, compiled_args = clone_args(args), clone_args(args)
     expected = fn(*eager_args)
     actual = compiled(*compiled_args)
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    assert_equal_state(actual, expected, rtol, atol)
     for e, c in zip(eager_args, compiled_args):
-        if isinstance(e, torch.Tensor):
-            torch.testing.assert_close(c, e, rtol=rtol, atol=atol, equal_nan=True)
-        else:
-            assert c == e
+        assert_equal_state(c, e, rtol, atol)
     return actual
+
+
+def assert_equal_state(actual, expected, rtol=1e-5, atol=1e-6):
+    """Recursive equality for Python state that may hold tensors (lists, dicts, tuples, objects)."""
+    if isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(expected), (actual, expected)
+        for a, e in zip(actual, expected):
+            assert_equal_state(a, e, rtol, atol)
+    elif isinstance(expected, dict):
+        assert list(actual) == list(expected), (actual, expected)
+        for k in expected:
+            assert_equal_state(actual[k], expected[k], rtol, atol)
+    elif hasattr(expected, "__dict__") and not isinstance(expected, type):
+        assert type(actual) is type(expected)
+        assert_equal_state(vars(actual), vars(expected), rtol, atol)
+    else:
+        assert actual == expected, (actual, expected)
+
+
+def check_graphs(fn, *args, graphs=None, fullgraph=False, **compile_kwargs):
+    """Compile `fn` with a CompileCounter, check results and argument state against eager, and (when
+    `graphs` is given) that exactly that many graphs reached the backend. Returns the counter."""
+    import kiln  # looked up at call time so the torch peer (KILN_TEST_PEER=torch) can stand in
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter, fullgraph=fullgraph, **compile_kwargs)
+    assert_same(fn, compiled, *args)
+    if graphs is not None:
+        assert counter.frame_count == graphs, f"expected {graphs} graph(s), got {counter.frame_count}"
+    return counter
+
+
+def use_torch_peer():
+    """Swap kiln's public API for torch.compile's counterparts (KILN_TEST_PEER=torch).
+
+    Runs the acceptance tests against the reference to prove the tests themselves right: results,
+    graph counts and errors the tests expect must be what torch.compile gives (where torch agrees
+    with eager). kiln-only API (KILN_LOGS, warnings) is skipped via the `kiln_only` marker.
+    """
+    import torch._dynamo
+    import torch._dynamo.exc as dynamo_exc
+    import kiln
+    if kiln.compile is torch.compile:  # already swapped (both conftests call this)
+        return
+
+    class PeerConfig:
+        _names = {"cache_size_limit": "recompile_limit", "suppress_errors": "suppress_errors"}
+
+        def patch(self, **changes):
+            return torch._dynamo.config.patch(**{self._names[k]: v for k, v in changes.items()})
+
+    def explain(fn):
+        def run(*args, **kwargs):
+            out = torch._dynamo.explain(fn)(*args, **kwargs)
+            out.guards = out.out_guards
+            return out
+        return run
+
+    kiln.compile = torch.compile
+    kiln.reset = torch._dynamo.reset
+    kiln.disable = torch._dynamo.disable
+    kiln.explain = explain
+    kiln.config = PeerConfig()
+    kiln.Unsupported = (dynamo_exc.Unsupported, dynamo_exc.UserError)
+    kiln.BackendCompilerFailed = dynamo_exc.BackendCompilerFailed

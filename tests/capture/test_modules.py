@@ -1,0 +1,308 @@
+"""nn.Modules: built-in and custom modules inlined down to forward, hooks honoured, parameters and
+buffers by attribute, the returned module shares parameters, train/eval, BatchNorm buffers."""
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from tests.utils import CompileCounter, assert_equal_state
+
+torch.manual_seed(0)
+
+
+class MLP(nn.Module):
+    def __init__(self, d=8, depth=3):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d, d) for _ in range(depth)])
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return x
+
+
+class WithDict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleDict({"a": nn.Linear(8, 2), "b": nn.Linear(8, 3)})
+
+    def forward(self, x):
+        return {name: head(x) for name, head in self.heads.items()}
+
+
+class ParamsAndBuffers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8))
+        self.register_buffer("offset", torch.arange(8.0))
+        self.scale = 0.5
+
+    def forward(self, x):
+        return x * self.weight * self.scale + self.offset
+
+
+class Residual(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        return x + self.inner(self.norm(x))
+
+
+class Parent(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class ChildModule(Parent):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return super().forward(self.lin(x)) + 1
+
+
+class BufferUpdate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        self.steps += 1
+        return x * self.steps
+
+
+class ModuleAttributeSet(nn.Module):
+    def forward(self, x):
+        self.last_mean = x.mean()
+        self.calls = getattr(self, "calls", 0) + 1
+        return x - self.last_mean
+
+
+class UsesNamedParameters(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x):
+        total = sum(p.sum() for p in self.parameters())
+        names = [n for n, _ in self.named_parameters()]
+        return self.b(self.a(x)) + total + len(names)
+
+
+class UsesChildren(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seq = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+    def forward(self, x):
+        for m in self.seq.children():
+            if isinstance(m, nn.Linear):
+                x = m(x)
+        return x + len(self.seq) + self.seq[-1].weight.sum()
+
+
+def make_models():
+    return {
+        "linear": lambda: nn.Linear(8, 4),
+        "sequential": lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.Tanh()),
+        "module_list_loop": lambda: MLP(),
+        "module_dict": lambda: WithDict(),
+        "params_and_buffers": lambda: ParamsAndBuffers(),
+        "nested_residual": lambda: Residual(MLP(depth=2)),
+        "super_forward": lambda: ChildModule(),
+        "named_parameters_children": lambda: UsesNamedParameters(),
+        "sequential_children": lambda: UsesChildren(),
+        "conv_pool": lambda: nn.Sequential(nn.Unflatten(1, (2, 2, 2)), nn.Conv2d(2, 3, 1), nn.MaxPool2d(2), nn.Flatten()),
+        "layernorm_dropout_eval": lambda: nn.Sequential(nn.LayerNorm(8), nn.Dropout(0.3)).eval(),
+        "embedding": lambda: nn.Sequential(nn.Embedding(10, 8)),
+        "multihead_attention_eval": lambda: MHA().eval(),
+    }
+
+
+class MHA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+def input_for(name):
+    if name == "embedding":
+        return torch.tensor([[1, 2, 3], [4, 5, 9]])
+    if name == "multihead_attention_eval":
+        return torch.randn(2, 5, 8)
+    return torch.randn(4, 8)
+
+
+@pytest.mark.parametrize("name", list(make_models()))
+def test_module_one_graph_matches_eager(name):
+    model = make_models()[name]()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = input_for(name)
+    with torch.no_grad():
+        assert_equal_state(compiled(x), model(x))
+    assert counter.frame_count == 1
+
+
+def test_compiled_module_shares_parameters():
+    model = nn.Linear(8, 4)
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 8)
+    compiled(x)
+    with torch.no_grad():
+        model.weight.mul_(2)  # in-place change of the shared parameter is seen by the compiled module
+    torch.testing.assert_close(compiled(x), model(x))
+    assert all(any(p is q for q in compiled.parameters()) for p in model.parameters())
+
+
+def test_compiled_module_training_gradients_match_eager():
+    model = MLP()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled(x).sum().backward()
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, e)
+
+
+def test_buffer_mutation_in_forward_matches_eager():
+    eager, model = BufferUpdate(), BufferUpdate()
+    compiled = kiln.compile(model, backend=CompileCounter())
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), eager(x))
+    torch.testing.assert_close(model.steps, eager.steps)
+
+
+def test_module_attribute_set_in_forward_replayed():
+    eager, model = ModuleAttributeSet(), ModuleAttributeSet()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(5)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), eager(x))
+    assert model.calls == eager.calls == 2
+    torch.testing.assert_close(model.last_mean, eager.last_mean)
+
+
+def test_batchnorm_train_updates_running_stats():
+    eager = nn.BatchNorm1d(8)
+    model = nn.BatchNorm1d(8)
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    for _ in range(2):
+        x = torch.randn(6, 8)
+        torch.testing.assert_close(compiled(x), eager(x))
+    torch.testing.assert_close(model.running_mean, eager.running_mean)
+    torch.testing.assert_close(model.running_var, eager.running_var)
+    assert model.num_batches_tracked.item() == eager.num_batches_tracked.item() == 2
+    assert counter.frame_count == 1
+
+
+def test_train_eval_switch_recompiles_and_stays_correct():
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.0))
+    eager = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.0))
+    eager.load_state_dict(model.state_dict())
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), eager(x))
+    compiled.eval()
+    eager.eval()
+    assert not model.training
+    torch.testing.assert_close(compiled(x), eager(x))
+    assert counter.frame_count == 2
+    compiled.train()
+    eager.train()
+    torch.testing.assert_close(compiled(x), eager(x))
+    torch.testing.assert_close(model[1].running_mean, eager[1].running_mean)
+    assert counter.frame_count == 2  # both entries are cached
+
+
+def log_input(store):
+    def hook(module, args):
+        store.append(args[0].shape)
+    return hook
+
+
+def test_forward_pre_hook_modifies_input():
+    model = nn.Linear(8, 4)
+    model.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+
+
+def test_forward_hook_modifies_output():
+    model = nn.Linear(8, 4)
+    model.register_forward_hook(lambda m, args, out: out.relu() + 1)
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+
+
+def test_hooks_on_submodules_honoured():
+    model = MLP(depth=2)
+    model.layers[0].register_forward_hook(lambda m, args, out: out * 0)
+    model.layers[1].register_forward_pre_hook(lambda m, args: (args[0] + 3,))
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_hook_side_effect_on_python_list_replayed():
+    seen, eager_seen = [], []
+    model = nn.Linear(8, 4)
+    handle = model.register_forward_pre_hook(log_input(seen))
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(3, 8)
+    out = compiled(x)
+    handle.remove()
+    model.register_forward_pre_hook(log_input(eager_seen))
+    torch.testing.assert_close(out, model(x))
+    assert seen == eager_seen == [torch.Size([3, 8])]
+
+
+def test_compiled_function_calling_module():
+    model = MLP()
+
+    def f(x):
+        return model(x).sum(-1)
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert counter.frame_count == 1
+
+
+def test_module_passed_as_argument():
+    def f(m, x):
+        return m(x) * 2
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter)
+    m, x = nn.Linear(8, 2), torch.randn(3, 8)
+    torch.testing.assert_close(compiled(m, x), f(m, x))
+    assert counter.frame_count == 1
+
+
+def test_state_dict_of_compiled_module_roundtrip():
+    model = MLP()
+    compiled = kiln.compile(model, backend="eager")
+    other = MLP()
+    other.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in compiled.state_dict().items()})
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(other(x), compiled(x))
