@@ -1,0 +1,250 @@
+"""Split a joint forward+backward aten graph into a forward graph and a backward graph.
+
+The joint graph takes `(*primals, *tangents)` and returns `(*forward_outputs, *gradients)`.
+The forward graph takes the primals and returns `(*forward_outputs, *saved)`; the backward
+graph takes `(*saved, *tangents)` and returns the gradients. What is saved is the partitioner's
+choice:
+
+- `recompute=False` saves every forward value the backward reads ("save what you use").
+- `recompute=True` (default) picks the set of saved values of least total size by a minimum
+  cut; values that cut leaves out are recomputed in the backward. Only cheap ops (pointwise,
+  views) may be recomputed: never matmuls, reductions or random ops (a random op recomputed
+  would draw a different mask than the forward used).
+"""
+import collections
+import dataclasses
+import math
+import operator
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+# Views and small ops that cost nothing to redo; pointwise ops are found by their tag.
+_CHEAP_OPS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default,
+    aten.permute.default, aten.transpose.int, aten.expand.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default, aten.slice.Tensor,
+    aten.select.int, aten.alias.default, aten.detach.default, aten.as_strided.default,
+    aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
+}
+
+
+@dataclasses.dataclass
+class Partition:
+    """The two graphs, and what passes from one to the other."""
+    forward: fx.GraphModule      # primals -> (*forward_outputs, *saved)
+    backward: fx.GraphModule     # (*saved, *tangents) -> gradients (None where no gradient)
+    num_saved: int
+    saved_bytes: int             # total size of the saved tensors (primals count too)
+
+
+def partition(joint, num_primals, num_forward_outputs, *, recompute=True, unsaveable=()):
+    """Partition `joint` (see module doc). `unsaveable`: indices of primals the backward must not
+    read as they are (inputs the forward mutates: by backward time they hold the new value)."""
+    _shield_unsaveable_primals(joint, num_primals, num_forward_outputs, set(unsaveable))
+    j = _JointView(joint, num_primals, num_forward_outputs)
+    saved = _min_cut_saved(j) if recompute else _used_forward_values(j)
+    saved = sorted(saved, key=j.order.__getitem__)
+    forward = _forward_graph(j, saved)
+    backward = _backward_graph(j, saved)
+    return Partition(forward, backward, len(saved), sum(_bytes(n) for n in saved))
+
+
+class _JointView:
+    """The joint graph's nodes sorted by role."""
+
+    def __init__(self, joint, num_primals, num_forward_outputs):
+        self.graph = joint.graph
+        placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+        self.primals, self.tangents = placeholders[:num_primals], placeholders[num_primals:]
+        outputs = joint.graph.output_node().args[0]
+        self.forward_outputs = list(outputs[:num_forward_outputs])
+        self.gradients = list(outputs[num_forward_outputs:])
+        self.order = {n: i for i, n in enumerate(joint.graph.nodes)}
+        self.after_tangents = _descendants(self.tangents)   # the backward proper
+        self.backward_needs = _ancestors(g for g in self.gradients if isinstance(g, fx.Node))
+
+
+def _shield_unsaveable_primals(joint, num_primals, num_forward_outputs, unsaveable):
+    """Backward nodes that read a mutated primal directly get a forward clone of it instead."""
+    if not unsaveable:
+        return
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    after_tangents = _descendants(placeholders[num_primals:])
+    for i in sorted(unsaveable):
+        primal = placeholders[i]
+        readers = [u for u in primal.users if u in after_tangents]
+        if readers:
+            with joint.graph.inserting_after(primal):
+                copy = joint.graph.call_function(aten.clone.default, (primal,))
+            copy.meta["val"] = primal.meta.get("val")
+            for r in readers:
+                r.replace_input_with(primal, copy)
+    joint.recompile()
+
+
+def _used_forward_values(j):
+    """Forward values (anything not computed from tangents) that a backward node reads."""
+    read = {arg for n in j.after_tangents & j.backward_needs
+            for arg in n.all_input_nodes if arg not in j.after_tangents}
+    return read | set(_forward_gradients(j))
+
+
+def _forward_gradients(j):
+    """Gradients that do not depend on a tangent (a constant zero, say): computed in forward."""
+    return [g for g in j.gradients if isinstance(g, fx.Node) and g not in j.after_tangents]
+
+
+def _min_cut_saved(j):
+    """The cheapest set of values to save, given which ops the backward may recompute.
+
+    Flow network: each value v is an edge v_in -> v_out whose capacity is v's size (the cost
+    of saving it). A value the backward may not recompute hangs from the source; backward
+    nodes hang into the sink. A finite cut separates the two, and the values whose edges it
+    cuts are exactly what the backward needs saved."""
+    flow = _FlowNetwork()
+    for n in j.graph.nodes:
+        if n not in j.backward_needs or n.op == "output":
+            continue
+        if n in j.after_tangents:
+            if n.op != "placeholder":
+                flow.add(("in", n), "sink", math.inf)
+            continue
+        if n.op == "placeholder" or not _recomputable(n):
+            flow.add("source", ("in", n), math.inf)
+        flow.add(("in", n), ("out", n), _save_cost(n))
+        for user in n.users:
+            if user in j.backward_needs and user.op != "output":
+                flow.add(("out", n), ("in", user), math.inf)
+    for g in _forward_gradients(j):
+        flow.add(("out", g), "sink", math.inf)
+    reachable = flow.min_cut_source_side()
+    return {key[1] for key in reachable
+            if isinstance(key, tuple) and key[0] == "in" and ("out", key[1]) not in reachable}
+
+
+def _recomputable(node):
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in node.target.tags:
+        return False
+    return node.target in _CHEAP_OPS or torch.Tag.pointwise in node.target.tags
+
+
+def _save_cost(node):
+    """Bytes to keep `node`'s value alive; a tuple (a multi-output op) cannot be saved whole."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return _bytes(node)
+    if isinstance(val, (tuple, list)):
+        return math.inf
+    return 1  # a symbolic scalar: small but not free, so the cut prefers not to pass them
+
+
+def _bytes(node):
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return 0
+    return int(val.numel()) * val.element_size()
+
+
+def _forward_graph(j, saved):
+    """primals -> (*forward_outputs, *saved)."""
+    return _extract(j.graph, inputs=j.primals, outputs=j.forward_outputs + saved)
+
+
+def _backward_graph(j, saved):
+    """(*saved, *tangents) -> gradients; recomputes whatever it needs that was not saved."""
+    gm = _extract(j.graph, inputs=saved + j.tangents, outputs=j.gradients)
+    leaked = [n.name for n in gm.graph.nodes if n.op == "placeholder"][len(saved) + len(j.tangents):]
+    assert not leaked, f"partition bug: backward reads unsaved forward inputs {leaked}"
+    return gm
+
+
+def _extract(graph, inputs, outputs):
+    """A new GraphModule computing `outputs` from `inputs`, copying the nodes between them."""
+    new = fx.Graph()
+    env = {}
+    for n in inputs:
+        env[n] = new.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    needed = _ancestors((o for o in outputs if isinstance(o, fx.Node)), stop=set(inputs))
+    for n in graph.nodes:
+        if n in env or n not in needed:
+            continue
+        if n.op == "placeholder":  # an input the caller did not provide: caught by the caller
+            env[n] = new.placeholder(n.name)
+        else:
+            env[n] = new.node_copy(n, env.__getitem__)
+        env[n].meta = dict(n.meta)
+    new.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
+    return fx.GraphModule(torch.nn.Module(), new)
+
+
+def _ancestors(nodes, stop=frozenset()):
+    """`nodes` and everything they are computed from, not looking past the nodes in `stop`."""
+    seen, stack = set(), list(nodes)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            if n not in stop:
+                stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _descendants(nodes):
+    seen, stack = set(), list(nodes)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.users)
+    return seen
+
+
+class _FlowNetwork:
+    """Max flow by shortest augmenting paths (Edmonds-Karp); graphs here have hundreds of nodes."""
+
+    def __init__(self):
+        self.capacity = collections.defaultdict(lambda: collections.defaultdict(float))
+
+    def add(self, u, v, cap):
+        self.capacity[u][v] += cap
+        self.capacity[v][u] += 0  # the residual edge must exist for the search
+
+    def min_cut_source_side(self):
+        """Push maximum flow from "source" to "sink"; return the nodes still reachable from the
+        source in the residual graph."""
+        while True:
+            parent = self._bfs()
+            if "sink" not in parent:
+                return set(parent)
+            path, v = [], "sink"
+            while v != "source":
+                path.append((parent[v], v))
+                v = parent[v]
+            push = min(self.capacity[u][v] for u, v in path)
+            if push == math.inf:
+                raise RuntimeError("partition bug: the backward needs a value that cannot be saved")
+            for u, v in path:
+                self.capacity[u][v] -= push
+                self.capacity[v][u] += push
+
+    def _bfs(self):
+        parent, queue = {"source": None}, collections.deque(["source"])
+        while queue:
+            u = queue.popleft()
+            for v, cap in self.capacity[u].items():
+                if cap > 0 and v not in parent:
+                    parent[v] = u
+                    if v == "sink":
+                        return parent
+                    queue.append(v)
+        return parent
