@@ -1,0 +1,95 @@
+"""`python -m bench`: kiln vs eager vs torch.compile, side by side; prints a markdown table.
+
+The environment (thread count, empty compile caches in a temporary folder) is set before torch is
+imported, so that eager, kiln and torch.compile all run under the same settings.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.machine import REPO, cache_environment, thread_environment
+
+RESULTS_MD = REPO / "bench" / "RESULTS.md"
+DEFAULT_COMPILERS = ("kiln", "torch")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--only", type=_names, help="comma-separated workload names (see --list)")
+    p.add_argument("--compilers", type=_names, default=list(DEFAULT_COMPILERS),
+                   help="comma-separated: kiln, torch (eager always runs: it is the reference)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write every measurement as JSON")
+    p.add_argument("--compare", type=Path, metavar="OLD.json", help="show the change against an earlier --json")
+    p.add_argument("--results-md", type=Path, metavar="FILE", nargs="?", const=RESULTS_MD,
+                   help=f"write the markdown here (default without --only: {RESULTS_MD.relative_to(REPO)})")
+    p.add_argument("--budget", type=float, default=1.0, metavar="SECONDS",
+                   help="timed seconds per compiler per workload (default 1.0)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch and OpenMP threads (default: all cores)")
+    p.add_argument("--no-cold-warm", dest="cold_warm", action="store_false",
+                   help="skip the cold/warm compile subprocesses")
+    p.add_argument("--compile-timeout", type=float, default=600, metavar="SECONDS",
+                   help="limit for one cold/warm compile subprocess")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    return p.parse_args(argv)
+
+
+def _names(text):
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-cache-") as cache_root:
+        os.environ.update({**cache_environment(cache_root), **thread_environment(args.threads)})
+        return run(args, command)
+
+
+def run(args, command):
+    from bench import machine, report, results as results_mod
+    from bench.compilers import COMPILERS
+    from bench.harness import Settings
+    from bench.suite import run_suite
+    from bench.workloads import BY_NAME, WORKLOADS
+
+    if args.list:
+        for w in WORKLOADS:
+            print(f"{w.name:22} {w.kind:10} {w.description}")
+        return 0
+    unknown = [n for n in (args.only or []) if n not in BY_NAME]
+    unknown += [c for c in args.compilers if c not in COMPILERS]
+    if unknown:
+        sys.exit(f"unknown workload or compiler: {', '.join(unknown)}; workloads: {', '.join(BY_NAME)}; "
+                 f"compilers: {', '.join(c for c in COMPILERS if c != 'eager')}")
+    compilers = [COMPILERS[c] for c in args.compilers if c != "eager"]
+    workloads = [BY_NAME[n] for n in args.only] if args.only else WORKLOADS
+
+    machine.set_threads(args.threads)
+    started, clock = datetime.now(timezone.utc), time.perf_counter()
+    info_machine = machine.describe(args.threads)
+    results = run_suite(workloads, compilers, Settings(budget_s=args.budget), threads=args.threads,
+                        cold_warm=args.cold_warm, compile_timeout_s=args.compile_timeout)
+    info = results_mod.RunInfo(command=command, started_utc=started.strftime("%Y-%m-%d %H:%M"),
+                               wall_s=time.perf_counter() - clock, machine=info_machine,
+                               settings={"budget_s": args.budget, "cold_warm": args.cold_warm,
+                                         "compilers": [c.name for c in compilers]})
+    old = results_mod.from_json(json.loads(args.compare.read_text())) if args.compare else None
+    text = report.markdown(info, results, ["eager", *(c.name for c in compilers)], old=old)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(results_mod.to_json(info, results), indent=1))
+    destination = args.results_md or (None if args.only else RESULTS_MD)
+    if destination:
+        destination.write_text(text)
+        print(f"wrote {destination}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Markdown tables from a run's results: speed, compile time, per-call overhead, training memory, dynamic
+shapes, errors; and the change against an earlier --json file."""
+import math
+
+from bench.compilers import COMPILERS
+
+NOTES = """\
+How to read it: every time is the median per call after warm-up, with eager and compiled calls interleaved
+(eager, kiln, torch.compile, eager, ... starting compiler rotating), so load from other processes hits each
+alike. *speedup* = eager time / compiled time. *kiln vs torch* = torch.compile time / kiln time (above 1:
+kiln is faster). *max diff* = largest absolute difference from eager over every output (and every gradient
+for training), *ok* when within the workload's tolerance. *first call* = compile + one run in this process
+(compile caches start empty for the run, but Python and torch are already warm). *cold* = the first call
+in a fresh process with empty kiln and torch.compile caches; *warm* = the same in another fresh process with
+the caches the cold one left. Both compilers get the same `backend` name and `dynamic` and their defaults
+otherwise."""
+
+
+def markdown(info, results, compilers, old=None):
+    names = [c for c in compilers if c != "eager"]
+    sections = [
+        "# kiln benchmark results",
+        _header(info),
+        NOTES,
+        "## Speed\n\n" + _speed(results, names),
+        "## Compile time\n\n" + _compile(results, names),
+        "## Per-call overhead (backend \"eager\": capture, guards and dispatch only)\n\n" + _overhead(results, names),
+        "## Training memory (saved for backward in one step, parameters excluded)\n\n" + _memory(results, names),
+        "## Dynamic shapes (one call = one pass over every sequence length)\n\n" + _dynamic(results, names),
+        "## Errors and skipped workloads\n\n" + _problems(results),
+    ]
+    if old is not None:
+        sections.append("## Change against the earlier run\n\n" + compare(old, results, compilers))
+    return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _header(info):
+    m = info.machine
+    load = f"; load average at start {m['load_average']}" if m.get("load_average") else ""
+    return (f"Command: `{info.command}` (run {info.started_utc} UTC, {info.wall_s / 60:.1f} min in all)\n\n"
+            f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} torch/OpenMP threads{load}; "
+            f"Python {m['python']}, torch {m['torch']}, kiln commit {m['kiln_commit']}.")
+
+
+def _table(head, rows):
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) if rows else "(none in this run)"
+
+
+def _label(name):
+    return COMPILERS[name].label
+
+
+def _ran(results, kinds):
+    return [r for r in results if r.kind in kinds and not r.skipped and not r.error]
+
+
+def _speed(results, names):
+    head = ["workload", "eager"] + [_label(n) for n in names]
+    head += [f"{_label(n)} speedup" for n in names]
+    if {"kiln", "torch"} <= set(names):
+        head.append("kiln vs torch")
+    head += [f"{_label(n)} max diff" for n in names]
+    rows = []
+    for r in _ran(results, ("inference", "training", "dynamic")):
+        row = [f"{r.name}<br><sub>{r.description}</sub>", _cell_time(r, "eager")]
+        row += [_cell_time(r, n) for n in names]
+        row += [_ratio(r.speedup(n)) for n in names]
+        if {"kiln", "torch"} <= set(names):
+            row.append(_ratio(_divide(r.median("torch"), r.median("kiln"))))
+        row += [_check(r.measurements.get(n)) for n in names]
+        rows.append(row)
+    return _table(head, rows)
+
+
+def _compile(results, names):
+    head = ["workload"]
+    for n in names:
+        head += [f"{_label(n)} first call", f"{_label(n)} cold", f"{_label(n)} warm"]
+    rows = []
+    for r in _ran(results, ("inference", "training", "dynamic")):
+        row = [r.name]
+        for n in names:
+            m = r.measurements.get(n)
+            row += [_seconds(m and m.first_call_s), _seconds(m and m.cold_s), _seconds(m and m.warm_s)]
+        rows.append(row)
+    return _table(head, rows)
+
+
+def _overhead(results, names):
+    head = ["workload", "eager µs/call"] + [f"{_label(n)} µs/call" for n in names]
+    head += [f"{_label(n)} − eager µs" for n in names] + ["calls timed each"]
+    rows = []
+    for r in _ran(results, ("overhead",)):
+        eager = r.median("eager")
+        row = [f"{r.name}<br><sub>{r.description}</sub>", _micro(eager)]
+        row += [_micro(r.median(n)) for n in names]
+        row += [_micro(_minus(r.median(n), eager), signed=True) for n in names]
+        row.append(f"{min(m.calls for m in r.measurements.values()):,}")
+        rows.append(row)
+    return _table(head, rows)
+
+
+def _memory(results, names):
+    head = ["workload", "eager MB"] + [f"{_label(n)} MB" for n in names] + [f"{_label(n)} / eager" for n in names]
+    rows = []
+    for r in _ran(results, ("training",)):
+        mb = {n: (r.measurements[n].saved_mb if n in r.measurements else None) for n in ["eager", *names]}
+        row = [r.name] + [_number(mb[n], "{:.1f}") for n in ["eager", *names]]
+        row += [_ratio(_divide(mb[n], mb["eager"])) for n in names]
+        rows.append(row)
+    return _table(head, rows)
+
+
+def _dynamic(results, names):
+    head = ["workload", "eager pass"] + [f"{_label(n)} first pass (with compiles)" for n in names]
+    head += [f"{_label(n)} later pass" for n in names]
+    rows = []
+    for r in _ran(results, ("dynamic",)):
+        row = [r.name, _cell_time(r, "eager")]
+        row += [_seconds(r.measurements[n].first_call_s) if n in r.measurements else "—" for n in names]
+        row += [_cell_time(r, n) for n in names]
+        rows.append(row)
+    return _table(head, rows)
+
+
+def _problems(results):
+    lines = []
+    for r in results:
+        if r.skipped:
+            lines.append(f"- **{r.name}** skipped: {r.skipped}")
+        elif r.error:
+            lines.append(f"- **{r.name}** failed to build: `{r.error}`")
+        for m in r.measurements.values():
+            if m.error:
+                lines.append(f"- **{r.name}** / {_label(m.compiler)}: `{m.error}`")
+            if m.passed is False:
+                lines.append(f"- **{r.name}** / {_label(m.compiler)}: result differs from eager "
+                             f"(max abs diff {m.max_abs_diff:.3g})")
+            if m.cold_warm_error:
+                lines.append(f"- **{r.name}** / {_label(m.compiler)} cold/warm compile: `{m.cold_warm_error}`")
+    return "\n".join(lines) or "None."
+
+
+def compare(old, new, compilers):
+    """Old and new median per workload and compiler, and the change (negative: faster now)."""
+    before = {(r.name, n): r.median(n) for r in old for n in r.measurements}
+    rows = []
+    for r in new:
+        for n in compilers:
+            was, now = before.get((r.name, n)), r.median(n)
+            if was is None and now is None:
+                continue
+            change = f"{(now / was - 1) * 100:+.1f}%" if was and now else "—"
+            rows.append([r.name, _label(n), _time(was), _time(now), change])
+    return _table(["workload", "compiler", "before", "now", "change"], rows)
+
+
+# ---------------------------------------------------------------- cells
+
+def _cell_time(result, name):
+    m = result.measurements.get(name)
+    if m is None:
+        return "—"
+    if m.error:
+        return "error"
+    return _time(m.median_s)
+
+
+def _check(m):
+    if m is None:
+        return "—"
+    if m.max_abs_diff is None:
+        return "error" if m.error else "—"
+    return f"{'ok' if m.passed else '**FAIL**'} {m.max_abs_diff:.1e}"
+
+
+def _time(seconds):
+    if seconds is None:
+        return "—"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _seconds(seconds):
+    return "—" if seconds is None else f"{seconds:.2f} s"
+
+
+def _micro(seconds, signed=False):
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1e6:+.2f}" if signed else f"{seconds * 1e6:.2f}"
+
+
+def _ratio(x):
+    return "—" if x is None or not math.isfinite(x) else f"{x:.2f}x"
+
+
+def _number(x, fmt):
+    return "—" if x is None else fmt.format(x)
+
+
+def _divide(a, b):
+    return a / b if a is not None and b else None
+
+
+def _minus(a, b):
+    return a - b if a is not None and b is not None else None
