@@ -1,0 +1,128 @@
+"""fullgraph=True: every graph-break construct raises kiln.Unsupported naming the construct and the
+user's file:line; code without breaks compiles to exactly one graph."""
+import inspect
+import logging
+import os
+import re
+import zlib
+
+import pytest
+import torch
+
+import kiln
+from tests.utils import CompileCounter, check_graphs
+
+log = logging.getLogger(__name__)
+THIS_FILE = os.path.basename(__file__)
+
+
+@kiln.disable
+def disabled_helper(t):
+    return t * 100
+
+
+def uses_print(x):
+    y = x + 1
+    print(y)  # BREAK
+    return y
+
+
+def uses_logging(x):
+    y = x + 1
+    log.warning("y computed")  # BREAK
+    return y
+
+
+def uses_item(x):
+    if x.sum().item() > 0:  # BREAK
+        return x
+    return -x
+
+
+def uses_tolist(x):
+    return x + 1 if x.int().tolist()[0] > 0 else x - 1  # BREAK
+
+
+def uses_tensor_bool(x):
+    if x.sum() > 0:  # BREAK
+        return x + 1
+    return x - 1
+
+
+def uses_disabled(x):
+    return disabled_helper(x) + 1  # BREAK
+
+
+def uses_unknown_c_function(x):
+    return x * zlib.crc32(b"kiln")  # BREAK
+
+
+def uses_break_in_callee(x):
+    def inner(t):
+        print("inside")  # BREAK
+        return t * 2
+    return inner(x + 1)
+
+
+def break_line(fn):
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if "# BREAK" in line)
+
+
+@pytest.mark.parametrize("fn, construct", [
+    (uses_print, r"print"), (uses_logging, r"warning|log"), (uses_item, r"item"), (uses_tolist, r"tolist|data.dependent"),
+    (uses_tensor_bool, r"bool|data.dependent|branch|\bif\b"), (uses_disabled, r"disable"),
+    (uses_unknown_c_function, r"crc32"), (uses_break_in_callee, r"print"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_break_raises_unsupported_naming_construct_and_line(fn, construct):
+    compiled = kiln.compile(fn, backend=CompileCounter(), fullgraph=True)
+    with pytest.raises(kiln.Unsupported) as info:
+        compiled(torch.randn(4))
+    message = str(info.value)
+    assert re.search(construct, message, re.IGNORECASE), message
+    assert re.search(rf"{re.escape(THIS_FILE)}\D{{1,12}}{break_line(fn)}\b", message), message
+
+
+def test_unsupported_is_a_kiln_error():
+    if not isinstance(kiln.Unsupported, tuple):  # under the torch peer it is torch's own class
+        assert issubclass(kiln.Unsupported, kiln.KilnError)
+
+
+def test_unsupported_leaves_inputs_unmutated_by_partial_graph():
+    def f(x):
+        x.add_(1)
+        print("break")
+        return x
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.zeros(3)
+    with pytest.raises(kiln.Unsupported):
+        compiled(x)
+    assert x.sum().item() == 0.0  # the error comes at capture, before any graph ran
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.sin().cos() + x.shape[0],
+    lambda x: [t * 2 for t in x.unbind(0)],
+    lambda x: torch.nn.functional.softmax(x, -1) if x.ndim == 2 else x,
+], ids=["pointwise", "comprehension", "metadata_branch"])
+def test_fullgraph_without_breaks_one_graph(fn):
+    check_graphs(fn, torch.randn(3, 4), graphs=1, fullgraph=True)
+
+
+def test_fullgraph_module():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter, fullgraph=True)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+
+
+def test_fullgraph_decorator_form():
+    @kiln.compile(fullgraph=True, backend="eager")
+    def f(x):
+        print("no")
+        return x
+
+    with pytest.raises(kiln.Unsupported):
+        f(torch.randn(2))

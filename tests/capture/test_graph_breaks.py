@@ -1,0 +1,326 @@
+"""Graph breaks (fullgraph=False): the construct runs natively, the graph before it and the resume
+after it are both compiled, results and Python state equal eager's. Graph counts are torch.compile's."""
+import logging
+import zlib
+
+import pytest
+import torch
+
+import kiln
+from tests.utils import CompileCounter, assert_equal_state, check_graphs
+
+log = logging.getLogger(__name__)
+RECORD = []
+
+
+def break_print(x):
+    y = x.sin()
+    print("between graphs")
+    return y.cos()
+
+
+def break_logging(x):
+    y = x + 1
+    log.warning("value computed")
+    return y * 2
+
+
+def break_item_into_python(x):
+    y = x * 2
+    n = y.sum().item()
+    if n > 0:
+        return y + 1
+    return y - 1
+
+
+def break_tolist_into_python(x):
+    y = x.abs() + 1
+    sizes = y.flatten().int().tolist()
+    return y * len(sizes) + sum(sizes)
+
+
+def break_if_on_tensor_data(x):
+    y = x.relu()
+    if y.sum() > 1:
+        return y * 10
+    return y - 10
+
+
+def break_bool_on_tensor(x):
+    y = x.sum()
+    return x * 2 if bool(y > 0) else x * 3
+
+
+def break_while_on_tensor_data(x):
+    y = x.abs() + 0.1
+    while y.max() < 100:
+        y = y * 2
+    return y
+
+
+def break_mask_index(x):
+    y = x * 2
+    z = y[y > 0]
+    return z.sum() + y.mean()
+
+
+def break_nonzero(x):
+    idx = torch.nonzero(x > 0)
+    return idx.float().sum() + x.sum()
+
+
+def break_unknown_c_function(x):
+    y = x + 1
+    checksum = zlib.crc32(b"kiln")  # a C function capture knows nothing about
+    return y * (checksum % 7)
+
+
+def break_inside_inlined_call(x):
+    def helper(t):
+        t = t * 3
+        print("inside helper")
+        return t - 1
+    return helper(x + 1) * 2
+
+
+def break_two_prints(x):
+    x = x + 1
+    print("one")
+    x = x * 2
+    print("two")
+    return x - 3
+
+
+@kiln.disable
+def disabled_helper(t):
+    return t * 100
+
+
+def break_disabled_function(x):
+    y = x.sin()
+    z = disabled_helper(y)
+    return z.cos()
+
+
+def break_at_start(x):
+    print("start")
+    return x * 2 + 1
+
+
+def break_at_end(x):
+    y = x * 2 + 1
+    print("end")
+    return y
+
+
+@pytest.mark.parametrize("fn, graphs", [
+    (break_print, 2), (break_logging, 2), (break_item_into_python, 2), (break_tolist_into_python, 2),
+    (break_if_on_tensor_data, 2), (break_bool_on_tensor, 2), (break_while_on_tensor_data, None),
+    (break_mask_index, 2), (break_nonzero, 2), (break_unknown_c_function, 2),
+    (break_inside_inlined_call, 4), (break_two_prints, 3), (break_disabled_function, 2),
+    (break_at_start, 1), (break_at_end, 1),
+], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_break_results_and_graph_count(fn, graphs, capsys):
+    check_graphs(fn, torch.randn(4, 3), graphs=graphs)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_both_branches_after_tensor_data_break(sign):
+    counter = CompileCounter()
+    compiled = kiln.compile(break_if_on_tensor_data, backend=counter)
+    x = torch.full((3,), sign)
+    torch.testing.assert_close(compiled(x), break_if_on_tensor_data(x))
+
+
+def test_resume_function_cached_across_calls(capsys):
+    counter = CompileCounter()
+    compiled = kiln.compile(break_print, backend=counter)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), break_print(x))
+    assert counter.frame_count == 2
+    assert capsys.readouterr().out.count("between graphs") == 6  # 3 compiled + 3 eager calls
+
+
+def test_print_output_in_order(capsys):
+    def f(x):
+        print("a", x.shape[0])
+        y = x + 1
+        print("b", y.shape)
+        return y
+    compiled = kiln.compile(f, backend="eager")
+    compiled(torch.randn(2))
+    assert capsys.readouterr().out == "a 2\nb torch.Size([2])\n"
+
+
+def test_print_sees_tensor_values_computed_before(capsys):
+    def f(x):
+        y = x + 1
+        print(y)
+        return y
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.tensor([1.0, 2.0])
+    compiled(x)
+    assert capsys.readouterr().out == f"{x + 1}\n"
+
+
+def test_list_append_around_break_replayed(capsys):
+    def f(x, out):
+        out.append(x.sin())
+        print("break")
+        out.append(x.cos())
+        return x * len(out)
+    check_graphs(f, torch.randn(3), [], graphs=2)
+
+
+def test_global_list_append_replayed(capsys):
+    def f(x):
+        RECORD.append(x.shape[0])
+        print("break")
+        RECORD.append(x.sum())
+        return x + 1
+    RECORD.clear()
+    x = torch.randn(3)
+    expected = f(x)
+    eager_record = list(RECORD)
+    RECORD.clear()
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x), expected)
+    assert_equal_state(RECORD, eager_record)
+
+
+def test_dict_write_before_break_visible_to_break(capsys):
+    def f(x, d):
+        d["first"] = x + 1
+        print(sorted(d))
+        d["second"] = d["first"] * 2
+        del d["old"]
+        return d["second"]
+    check_graphs(f, torch.randn(3), {"old": 0}, graphs=2)
+    assert capsys.readouterr().out == "['first', 'old']\n" * 2
+
+
+class Obj:
+    def __init__(self):
+        self.n = 0
+
+
+def test_object_attribute_set_around_break(capsys):
+    def f(x, obj):
+        obj.n += 1
+        obj.t = x * 2
+        print(obj.n)
+        obj.n += 1
+        return obj.t + obj.n
+    check_graphs(f, torch.randn(3), Obj())
+    assert capsys.readouterr().out == "1\n1\n"
+
+
+def test_module_attribute_set_around_break(capsys):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            self.cache = self.lin(x)
+            print("calls", self.calls)
+            return self.cache.relu()
+
+    eager, model = M(), M()
+    model.load_state_dict(eager.state_dict())
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 3)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), eager(x))
+    assert model.calls == eager.calls == 2
+    torch.testing.assert_close(model.cache, eager.cache)
+
+
+def test_inplace_input_mutation_around_break(capsys):
+    def f(x):
+        x.add_(1)
+        print("break")
+        x.mul_(2)
+        return x.sum()
+    check_graphs(f, torch.randn(4), graphs=2)
+
+
+def test_locals_live_across_break(capsys):
+    def f(x, scale):
+        a, b = x * scale, [x, 2]
+        name = "k"
+        print("break")
+        return a + b[0] * b[1], name
+    check_graphs(f, torch.randn(3), 1.5, graphs=2)
+
+
+def test_break_inside_loop(capsys):
+    def f(x):
+        for i in range(3):
+            x = x + i
+            print(i)
+        return x
+    check_graphs(f, torch.randn(3))
+
+
+def test_break_in_module_forward(capsys):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            x = self.a(x)
+            print("mid")
+            return self.b(x)
+    model = M()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 2
+
+
+def test_break_in_submodule_forward(capsys):
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            x = x * 2
+            print("inner")
+            return x + 1
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x.sin()).cos()
+    model = Outer()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 4
+
+
+def test_item_value_used_as_python_number(capsys):
+    def f(x):
+        k = int(x.argmax().item())
+        return x * k + x[k]
+    check_graphs(f, torch.tensor([0.1, 3.0, 0.2]))
+
+
+def test_disabled_function_runs_eagerly_when_called_directly():
+    calls = []
+
+    @kiln.disable
+    def g(t):
+        calls.append(1)
+        return t + 1
+
+    def f(x):
+        return g(x * 2) * 3
+    check_graphs(f, torch.randn(3), graphs=2)
+    assert len(calls) == 2  # once eager, once compiled: the disabled call really ran
