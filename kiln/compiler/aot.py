@@ -1,0 +1,259 @@
+"""The aot step: a torch-level fx graph -> a functional, decomposed aten graph, and the runtime glue
+that gives the compiled graph eager's side effects back.
+
+`trace_aten` runs the graph with `make_fx` on fake tensors under `torch.func.functionalize`:
+every in-place op becomes its functional twin, and a mutated input becomes an extra graph output
+(its new value). Views stay view ops (remove="mutations", not "mutations_and_views"): with no
+mutation left they are safe, lowering treats them as index maps, and their fake values keep
+eager's strides, which the alias analysis below and output layouts rely on. `make_runner` wraps the compiled flat callable: it copies those new values into
+the inputs (as eager would have mutated them) and rebuilds the user's output structure.
+
+Parameters and buffers the graph reads through `get_attr`/`call_module` (graphs from
+`torch.fx.symbolic_trace`) are traced as inputs, so mutating one (BatchNorm running stats) is
+written back like an input; in the aten graph they are `get_attr` nodes on the same tensors.
+
+Aliasing: eager returns some outputs as views of inputs (`x.t()`, `x.add_(1)` returns `x`). The
+functional graph computes their values; the runner then rebuilds each such output from its input
+(the input itself, or `as_strided` with eager's size/stride/offset) so it shares storage as in
+eager. Outputs that alias each other (two views of one intermediate) come back as separate
+tensors: equal values, no shared storage.
+"""
+import dataclasses
+import operator
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_symbols
+from torch._subclasses.fake_tensor import FakeTensor
+
+from kiln.compiler.decompositions import lowering_decompositions
+from kiln.debug import logs
+from kiln.exc import KilnError
+
+__all__ = ["AtenGraph", "OutputAlias", "AotUnsupported", "trace_aten", "lowering_decompositions",
+           "make_runner"]
+
+
+class AotUnsupported(KilnError):
+    """A graph the aot step cannot make functional without changing its meaning (an input whose
+    shape or strides are mutated, a mutated input that shares memory with another input)."""
+
+
+@dataclasses.dataclass
+class OutputAlias:
+    """A user output that eager returns as an input or a view of one."""
+    output_index: int    # position among the flat user outputs
+    input_index: int     # the input it aliases
+    view: tuple | None   # (size, stride, storage_offset) to as_strided the input; None: the input itself
+
+
+@dataclasses.dataclass
+class AtenGraph:
+    gm: torch.fx.GraphModule      # functional aten graph (no in-place ops, no mutation);
+                                  # placeholders = the flat inputs in order;
+                                  # outputs = a flat tuple: user outputs, then new values of mutated
+                                  # inputs, then new values of mutated module tensors
+    num_user_outputs: int
+    mutated_inputs: list          # indices of inputs whose new values follow the user outputs, in order
+    out_spec: pytree.TreeSpec     # rebuilds the user output structure from the flat user outputs
+    mutated_attrs: list = dataclasses.field(default_factory=list)
+    # ^ parameters/buffers of the torch graph (the tensors themselves) whose new values follow
+    #   the mutated inputs' values, in order
+    output_aliases: list = dataclasses.field(default_factory=list)  # OutputAlias, for make_runner
+
+
+def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
+    """Trace the torch-level `gm` on `example_inputs` into a functional aten graph."""
+    if decompositions is None:
+        decompositions = lowering_decompositions()
+    example_inputs = list(example_inputs)
+    state_names, state = _module_tensors(gm)
+    run, out_specs = _flat_function(gm, len(example_inputs), state_names)
+    traced = make_fx(torch.func.functionalize(run, remove="mutations"),
+                     decomposition_table=decompositions,
+                     tracing_mode=_tracing_mode(example_inputs))(*example_inputs, *state)
+
+    graph = traced.graph
+    placeholders = graph.find_nodes(op="placeholder")
+    writes = _take_write_backs(graph, placeholders)
+    _check_functional(graph)
+    user_outputs = list(graph.output_node().args[0])
+    n = len(example_inputs)
+    mutated_inputs = sorted(i for i in writes if i < n)
+    mutated_state = sorted(i for i in writes if i >= n)
+    _check_mutated_inputs_do_not_overlap(example_inputs, mutated_inputs)
+    aliases = _output_aliases(user_outputs, placeholders[:n], writes)
+    graph.output_node().args = (tuple(user_outputs + [writes[i] for i in mutated_inputs + mutated_state]),)
+    _state_to_attributes(traced, placeholders[n:], state_names, state)
+    graph.eliminate_dead_code()
+    graph.lint()
+    traced.recompile()
+
+    aten = AtenGraph(gm=traced, num_user_outputs=len(user_outputs), mutated_inputs=mutated_inputs,
+                     out_spec=out_specs[-1], mutated_attrs=[state[i - n] for i in mutated_state],
+                     output_aliases=aliases)
+    if logs.enabled("aot"):
+        logs.log("aot", "aten graph: %d inputs, %d user outputs, mutated inputs %s, %d mutated "
+                 "module tensors, aliased outputs %s\n%s", n, aten.num_user_outputs, mutated_inputs,
+                 len(mutated_state), [(a.output_index, a.input_index) for a in aliases],
+                 traced.print_readable(print_output=False))
+    return aten
+
+
+def _module_tensors(gm):
+    """The parameters and buffers `gm` uses, by qualified name (traced as extra inputs)."""
+    named = dict(gm.named_parameters())
+    named.update(gm.named_buffers())
+    return list(named), list(named.values())
+
+
+def _flat_function(gm, num_inputs, state_names):
+    """A function of (inputs..., module tensors...) that runs `gm` and returns its flat outputs;
+    the output TreeSpec is appended to the returned list when it runs."""
+    out_specs = []
+
+    def run(*flat):
+        inputs = flat[:num_inputs]
+        before = [_layout(x) for x in inputs]
+        if state_names:
+            out = torch.func.functional_call(gm, dict(zip(state_names, flat[num_inputs:])), tuple(inputs))
+        else:
+            out = gm(*inputs)
+        for i, (x, layout) in enumerate(zip(inputs, before)):
+            if _layout(x) != layout:
+                raise AotUnsupported(f"the graph changes the shape or strides of input {i} "
+                                     f"({layout} -> {_layout(x)}); kiln cannot compile that")
+        leaves, spec = pytree.tree_flatten(out)
+        out_specs.append(spec)
+        return leaves
+
+    return run, out_specs
+
+
+def _layout(x):
+    return (tuple(x.shape), x.stride()) if isinstance(x, torch.Tensor) else None
+
+
+def _tracing_mode(example_inputs):
+    """"symbolic" when the inputs already carry symbolic sizes (fake tensors from capture)."""
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt) or (isinstance(x, FakeTensor) and
+                                           any(free_symbols(s) for s in (*x.shape, *x.stride()))):
+            return "symbolic"
+    return "fake"
+
+
+def _take_write_backs(graph, placeholders):
+    """Remove functionalization's trailing `copy_(input, new_value)` nodes; returns
+    {input position: new value node}."""
+    position = {p: i for i, p in enumerate(placeholders)}
+    writes = {}
+    for node in list(graph.nodes):
+        if node.target is torch.ops.aten.copy_.default and node.args[0] in position:
+            target, value = node.args[0], node.args[1]
+            if _val(value).shape != _val(target).shape or _val(value).dtype != _val(target).dtype:
+                raise AotUnsupported(f"input {position[target]} is written with a value of another "
+                                     "shape or dtype")
+            writes[position[target]] = value
+            graph.erase_node(node)
+    return writes
+
+
+def _check_functional(graph):
+    for node in graph.nodes:
+        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            raise KilnError(f"aot left a mutating op in the graph: {node.format_node()}")
+
+
+def _is_view(node):
+    """Whether `node` returns a view of its first argument (a view op, or an item of one)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], torch.fx.Node) and _is_view(node.args[0])
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    returns = node.target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
+def _output_aliases(user_outputs, input_nodes, writes):
+    """Which user outputs eager returns as inputs, or as views of them."""
+    owner = {node: i for i, node in enumerate(input_nodes)}
+    owner.update((node, i) for i, node in writes.items() if i < len(input_nodes))
+    aliases = []
+    for k, out in enumerate(user_outputs):
+        node = out
+        while isinstance(node, torch.fx.Node) and node not in owner and _is_view(node):
+            node = node.args[0]
+        if not isinstance(node, torch.fx.Node) or node not in owner:
+            continue
+        if node is out:
+            aliases.append(OutputAlias(k, owner[node], None))
+            continue
+        val = _val(out)
+        layout = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
+        if not any(free_symbols(s) for s in (*layout[0], *layout[1], layout[2])):
+            aliases.append(OutputAlias(k, owner[node], layout))
+    return aliases
+
+
+def _check_mutated_inputs_do_not_overlap(example_inputs, mutated):
+    """Functionalization treats inputs as independent; a mutated input that shares memory with
+    another input would leave the other one stale."""
+    real = [(i, x) for i, x in enumerate(example_inputs)
+            if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)]
+    for i in mutated:
+        ptr = example_inputs[i].untyped_storage().data_ptr()
+        for j, x in real:
+            if j != i and x.untyped_storage().data_ptr() == ptr:
+                raise AotUnsupported(f"input {i} is mutated and shares memory with input {j}")
+
+
+def _state_to_attributes(traced, state_placeholders, names, tensors):
+    """Turn the traced module-tensor inputs back into `get_attr` nodes on the same tensors."""
+    graph = traced.graph
+    for placeholder, name, tensor in zip(state_placeholders, names, tensors):
+        attr = "_kiln_" + name.replace(".", "_")
+        if isinstance(tensor, torch.nn.Parameter):
+            traced.register_parameter(attr, tensor)
+        else:
+            traced.register_buffer(attr, tensor)
+        with graph.inserting_before(placeholder):
+            node = graph.get_attr(attr)
+        node.meta.update(placeholder.meta)
+        placeholder.replace_all_uses_with(node)
+        graph.erase_node(placeholder)
+
+
+def _val(node):
+    return node.meta["val"]
+
+
+def make_runner(aten: AtenGraph, flat_fn):
+    """Wrap `flat_fn` (inputs -> flat outputs of `aten.gm`) into the torch graph's calling
+    convention: mutated inputs and module tensors are written back, aliased outputs are rebuilt
+    from their inputs, and the user outputs come back in their original structure."""
+    n_user = aten.num_user_outputs
+    input_writes = [(i, n_user + k) for k, i in enumerate(aten.mutated_inputs)]
+    attr_writes = [(t, n_user + len(input_writes) + k) for k, t in enumerate(aten.mutated_attrs)]
+    aliases = [(a.output_index, a.input_index, a.view) for a in aten.output_aliases]
+    spec = aten.out_spec
+
+    def run(*args):
+        outs = flat_fn(*args)
+        for i, k in input_writes:
+            args[i].copy_(outs[k])
+        for tensor, k in attr_writes:
+            tensor.copy_(outs[k])
+        user = list(outs[:n_user])
+        for k, i, view in aliases:
+            user[k] = args[i] if view is None else args[i].as_strided(*view)
+        return pytree.tree_unflatten(user, spec)
+
+    # The compiler's inspection attributes (kiln_kernels, ...) stay visible on the wrapper.
+    for name in dir(flat_fn):
+        if name.startswith("kiln_"):
+            setattr(run, name, getattr(flat_fn, name))
+    return run

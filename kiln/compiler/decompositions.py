@@ -1,0 +1,61 @@
+"""The decomposition table the aot trace uses before lowering.
+
+Start from torch's core-ATen table (composite ops broken into ~200 core ops), then:
+- keep heavy ops whole, so the wrapper calls aten's tuned kernels for them (BLAS, oneDNN, flash
+  attention): decomposing a matrix-vector product into mul+sum loses to BLAS;
+- add decompositions of core ops whose parts fuse better than a whole-op extern call (softmax,
+  layer/group/batch norm, gelu, dropout, ...): two reductions and pointwise epilogues;
+- with `fallback_random`, keep every random op whole, so aten draws the same numbers as eager.
+"""
+import functools
+
+import torch
+from torch._decomp import core_aten_decompositions, decomposition_table
+
+aten = torch.ops.aten
+
+# Packets (all overloads) that stay whole: aten runs them faster than fused loops would.
+KEEP_WHOLE = (
+    aten.mm, aten.addmm, aten.bmm, aten.mv, aten.dot, aten.vdot, aten.convolution,
+    aten.scaled_dot_product_attention, aten._scaled_dot_product_attention_math,
+    aten._scaled_dot_product_flash_attention_for_cpu, aten.embedding_bag,
+)
+
+# Core ops torch keeps whole that kiln breaks up: their parts are reductions and pointwise ops
+# that fuse with their neighbours.
+FUSIBLE_EXTRAS = (
+    aten._softmax.default, aten._log_softmax.default,
+    aten.native_layer_norm.default, aten.native_group_norm.default,
+    aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_functional.default,
+    aten._native_batch_norm_legit_no_training.default, aten._batch_norm_with_update.default,
+    aten._batch_norm_with_update_functional.default, aten._batch_norm_no_update.default,
+    aten.gelu.default, aten._addmm_activation.default, aten.addmv.default,
+    aten.linalg_vector_norm.default, aten.mean.default, aten.mean.dim,
+    aten.embedding.default, aten.native_dropout.default, aten.dropout.default,
+)
+
+
+def _copy(self, src, non_blocking=False):
+    """aten.copy (what functionalization makes of `x.copy_(src)`): src cast to x's dtype,
+    broadcast to x's shape."""
+    return src.to(dtype=self.dtype, device=self.device).expand(self.shape)
+
+
+@functools.lru_cache(maxsize=2)
+def _table(fallback_random):
+    table = dict(core_aten_decompositions().items())
+    table.update((op, decomposition_table[op]) for op in FUSIBLE_EXTRAS)
+    table[aten.copy.default] = _copy
+    whole = {getattr(p, o) for p in KEEP_WHOLE for o in p.overloads()}
+    return {op: fn for op, fn in table.items()
+            if op not in whole and not (fallback_random and _is_random(op))}
+
+
+def _is_random(op):
+    return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
+
+
+def lowering_decompositions(fallback_random: bool = False) -> dict:
+    """The decomposition table for lowering (a fresh dict: callers may extend it)."""
+    return dict(_table(fallback_random))
