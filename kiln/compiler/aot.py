@@ -37,7 +37,7 @@ __all__ = ["AtenGraph", "OutputAlias", "AotUnsupported", "trace_aten", "lowering
 
 class AotUnsupported(KilnError):
     """A graph the aot step cannot make functional without changing its meaning (an input whose
-    shape or strides are mutated, a mutated input that shares memory with another input)."""
+    shape is mutated, a mutated input that shares memory with another input)."""
 
 
 @dataclasses.dataclass
@@ -115,15 +115,17 @@ def _flat_function(gm, num_inputs, state_names):
 
     def run(*flat):
         inputs = flat[:num_inputs]
-        before = [_layout(x) for x in inputs]
+        before = [_shape(x) for x in inputs]
         if state_names:
             out = torch.func.functional_call(gm, dict(zip(state_names, flat[num_inputs:])), tuple(inputs))
         else:
             out = gm(*inputs)
-        for i, (x, layout) in enumerate(zip(inputs, before)):
-            if _layout(x) != layout:
-                raise AotUnsupported(f"the graph changes the shape or strides of input {i} "
-                                     f"({layout} -> {_layout(x)}); kiln cannot compile that")
+        # Only a shape change is refused: the write-back copies values, so an input whose
+        # strides change (x.t_() on a square x) still reads as eager's; only its strides differ.
+        for i, (x, shape) in enumerate(zip(inputs, before)):
+            if _shape(x) != shape:
+                raise AotUnsupported(f"the graph changes the shape of input {i} ({shape} -> "
+                                     f"{_shape(x)}); kiln cannot compile that")
         leaves, spec = pytree.tree_flatten(out)
         out_specs.append(spec)
         return leaves
@@ -131,8 +133,8 @@ def _flat_function(gm, num_inputs, state_names):
     return run, out_specs
 
 
-def _layout(x):
-    return (tuple(x.shape), x.stride()) if isinstance(x, torch.Tensor) else None
+def _shape(x):
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else None
 
 
 def _tracing_mode(example_inputs):
@@ -231,6 +233,18 @@ def _val(node):
     return node.meta["val"]
 
 
+def _write_back(pairs):
+    """Copy each new value into its target. A new value may be a view of a mutated input (the
+    graph may return `x.t()` as x's new value, or y's old value as x's): such values are cloned
+    first, so no write reads memory that another write already changed."""
+    targets = {t.untyped_storage().data_ptr() for t, _ in pairs}
+    staged = [(t, v.clone() if v is not t and v.untyped_storage().data_ptr() in targets else v)
+              for t, v in pairs]
+    for target, value in staged:
+        if value is not target:
+            target.copy_(value)
+
+
 def make_runner(aten: AtenGraph, flat_fn):
     """Wrap `flat_fn` (inputs -> flat outputs of `aten.gm`) into the torch graph's calling
     convention: mutated inputs and module tensors are written back, aliased outputs are rebuilt
@@ -243,10 +257,9 @@ def make_runner(aten: AtenGraph, flat_fn):
 
     def run(*args):
         outs = flat_fn(*args)
-        for i, k in input_writes:
-            args[i].copy_(outs[k])
-        for tensor, k in attr_writes:
-            tensor.copy_(outs[k])
+        if input_writes or attr_writes:
+            _write_back([(args[i], outs[k]) for i, k in input_writes] +
+                        [(tensor, outs[k]) for tensor, k in attr_writes])
         user = list(outs[:n_user])
         for k, i, view in aliases:
             user[k] = args[i] if view is None else args[i].as_strided(*view)
