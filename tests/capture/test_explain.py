@@ -1,0 +1,77 @@
+"""kiln.explain(fn)(*args): graph count, break count, break reasons with source lines, ops per
+graph and guards, for a function with one graph break."""
+import inspect
+import os
+
+import pytest
+import torch
+
+import kiln
+from tests.utils import CompileCounter
+
+THIS_FILE = os.path.basename(__file__)
+
+
+def one_break(x):
+    y = torch.sin(x) + 1
+    print("break here")  # BREAK
+    return torch.cos(y)
+
+
+def no_break(x):
+    return torch.relu(x * 2)
+
+
+def break_line():
+    lines, start = inspect.getsourcelines(one_break)
+    return start + next(i for i, line in enumerate(lines) if "# BREAK" in line)
+
+
+def op_counts(explanation):
+    return [len(ops) if isinstance(ops, (list, tuple)) else ops for ops in explanation.ops_per_graph]
+
+
+@pytest.fixture
+def explained(capsys):
+    return kiln.explain(one_break)(torch.randn(3))
+
+
+def test_counts_graphs_and_breaks(explained):
+    assert explained.graph_count == 2
+    assert explained.graph_break_count == 1
+
+
+def test_break_reason_names_construct_and_source_line(explained):
+    assert len(explained.break_reasons) == 1
+    reason = str(explained.break_reasons[0])
+    assert "print" in reason
+    assert THIS_FILE in reason and str(break_line()) in reason
+
+
+def test_ops_per_graph(explained):
+    assert op_counts(explained) == [2, 1]
+
+
+def test_guards_mention_the_input(explained):
+    assert len(explained.guards) >= 1
+    assert any("x" in str(guard) for guard in explained.guards)
+
+
+def test_no_break_function():
+    explanation = kiln.explain(no_break)(torch.randn(3))
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    assert list(explanation.break_reasons) == [] and op_counts(explanation) == [2]
+
+
+def test_explain_does_not_pollute_the_cache():
+    kiln.explain(no_break)(torch.randn(3))
+    counter = CompileCounter()
+    kiln.compile(no_break, backend=counter)(torch.randn(3))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.kiln_only
+def test_explain_report_text(capsys):
+    explanation = kiln.explain(one_break)(torch.randn(3))
+    text = str(explanation) + capsys.readouterr().out
+    assert "2" in text and THIS_FILE in text
