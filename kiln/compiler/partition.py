@@ -43,8 +43,8 @@ class Partition:
 def partition(joint, num_primals, num_forward_outputs, *, recompute=True, unsaveable=()):
     """Partition `joint` (see module doc). `unsaveable`: indices of primals the backward must not
     read as they are (inputs the forward mutates: by backward time they hold the new value)."""
-    _shield_unsaveable_primals(joint, num_primals, num_forward_outputs, set(unsaveable))
-    j = _JointView(joint, num_primals, num_forward_outputs)
+    _shield_unsaveable_primals(joint, num_primals, set(unsaveable))
+    j = _JointView(joint, num_primals, num_forward_outputs, unsaveable)
     saved = _min_cut_saved(j) if recompute else _used_forward_values(j)
     saved = sorted(saved, key=j.order.__getitem__)
     forward = _forward_graph(j, saved)
@@ -55,10 +55,11 @@ def partition(joint, num_primals, num_forward_outputs, *, recompute=True, unsave
 class _JointView:
     """The joint graph's nodes sorted by role."""
 
-    def __init__(self, joint, num_primals, num_forward_outputs):
+    def __init__(self, joint, num_primals, num_forward_outputs, unsaveable):
         self.graph = joint.graph
         placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
         self.primals, self.tangents = placeholders[:num_primals], placeholders[num_primals:]
+        self.unsaveable = {self.primals[i] for i in unsaveable}
         outputs = joint.graph.output_node().args[0]
         self.forward_outputs = list(outputs[:num_forward_outputs])
         self.gradients = list(outputs[num_forward_outputs:])
@@ -67,7 +68,7 @@ class _JointView:
         self.backward_needs = _ancestors(g for g in self.gradients if isinstance(g, fx.Node))
 
 
-def _shield_unsaveable_primals(joint, num_primals, num_forward_outputs, unsaveable):
+def _shield_unsaveable_primals(joint, num_primals, unsaveable):
     """Backward nodes that read a mutated primal directly get a forward clone of it instead."""
     if not unsaveable:
         return
@@ -114,7 +115,7 @@ def _min_cut_saved(j):
             continue
         if n.op == "placeholder" or not _recomputable(n):
             flow.add("source", ("in", n), math.inf)
-        flow.add(("in", n), ("out", n), _save_cost(n))
+        flow.add(("in", n), ("out", n), math.inf if n in j.unsaveable else _save_cost(n))
         for user in n.users:
             if user in j.backward_needs and user.op != "output":
                 flow.add(("out", n), ("in", user), math.inf)

@@ -18,12 +18,14 @@ import dataclasses
 
 import torch
 import torch.utils._pytree as pytree
+from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.autograd.function import once_differentiable
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.compiler.partition import partition
 from kiln.debug.logs import enabled, log
+
+aten = torch.ops.aten
 
 # Random ops whose decomposition would draw numbers differently from eager.
 _RANDOM_OPS = {"bernoulli", "native_dropout", "rand", "rand_like", "randn", "randn_like", "randint",
@@ -103,8 +105,10 @@ class TrainingGraph:
     def __init__(self, gm, example_inputs, options, inner, recompute):
         self.options, self.inner = options, inner
         fake_mode = _fake_mode(example_inputs)
-        self.signature = analyse(gm, _fakes(fake_mode, example_inputs))
-        joint = trace_joint(gm, self.signature, fake_mode, example_inputs, _decompositions(options))
+        decompositions = _decompositions(options)
+        with fake_mode:
+            self.signature = analyse(gm, _fakes(fake_mode, example_inputs), decompositions)
+        joint = trace_joint(gm, self.signature, fake_mode, example_inputs, decompositions)
         num_forward = len(self.signature.differentiable)
         self.partition = partition(joint, len(example_inputs), num_forward, recompute=recompute,
                                    unsaveable=self.signature.mutated)
@@ -141,8 +145,11 @@ class _CompiledFunction(torch.autograd.Function):
         return tuple(outputs)
 
     @staticmethod
-    @once_differentiable  # double backward: a clear error, never a wrong gradient
     def backward(ctx, *grad_outputs):
+        if torch.is_grad_enabled():  # create_graph=True: the compiled backward is not differentiable
+            raise RuntimeError("kiln: double backward (create_graph=True) through a compiled training "
+                               "graph is not supported; compile with backend='eager' or run that "
+                               "code eagerly (kiln.disable)")
         graph = ctx.graph
         sig = graph.signature
         # the graph was traced with contiguous tangents; compiled code may assume their strides
@@ -164,21 +171,38 @@ def _write_back(sig, args, new_values):
                 args[i].copy_(new)
 
 
-def analyse(gm, fake_inputs):
-    """Run gm on fake inputs with grad on; read its signature off the results."""
+def analyse(gm, fake_inputs, decompositions):
+    """Run gm on fake inputs with grad on (traced, with the decompositions); read its signature
+    off the results and the trace."""
     requires_grad = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in fake_inputs)
-    maybe_mutated = {i for i, r in enumerate(requires_grad) if r}
-    versions = [x._version if isinstance(x, torch.Tensor) else None for x in fake_inputs]
-    inputs, outputs, clone_grad_fns = _run_user_graph(gm, fake_inputs, maybe_mutated)
-    flat, spec = pytree.tree_flatten(outputs)
+    maybe_cloned = {i for i, r in enumerate(requires_grad) if r}
+    seen = {}
+
+    def run(*primals):
+        seen["inputs"], seen["outputs"], seen["clone_grad_fns"] = _run_user_graph(gm, primals, maybe_cloned)
+        return pytree.tree_leaves(seen["outputs"])
+    traced = make_fx(run, decomposition_table=decompositions)(*fake_inputs)
+    inputs, clone_grad_fns = seen["inputs"], seen["clone_grad_fns"]
+    flat, spec = pytree.tree_flatten(seen["outputs"])
     _check_tensors(flat)
-    mutated = tuple(i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
-                    and x._version != (0 if i in maybe_mutated else versions[i]))
+    written_clones = {i for i in maybe_cloned if inputs[i]._version != 0}
+    mutated = tuple(sorted(written_clones | _written_inputs(traced, fake_inputs)))
     differentiable = tuple(
-        inputs[i].grad_fn is not clone_grad_fns[i] if i in maybe_mutated else inputs[i].requires_grad
+        inputs[i].grad_fn is not clone_grad_fns[i] if i in maybe_cloned else inputs[i].requires_grad
         for i in mutated)
     return GraphSignature(requires_grad, spec, tuple(o.requires_grad for o in flat), mutated,
                           differentiable)
+
+
+def _written_inputs(traced, fake_inputs):
+    """Indices of the inputs `traced` writes to. Functionalization ends its graph with a
+    `copy_(input, new value)` per written input; version counters would miss the writes an op
+    makes below autograd (batch norm's running stats)."""
+    with torch.no_grad():
+        functional = make_fx(torch.func.functionalize(traced, remove="mutations"))(*_detached(fake_inputs))
+    placeholders = [n for n in functional.graph.nodes if n.op == "placeholder"]
+    return {placeholders.index(n.args[0]) for n in functional.graph.nodes
+            if n.target is aten.copy_.default and n.args[0] in placeholders}
 
 
 def _run_user_graph(gm, primals, cloned):
@@ -258,12 +282,16 @@ def _compile_graph(gm, example_inputs, options, inner):
 
 
 def _decompositions(options):
+    """The lowering table, plus batch norm's: undecomposed, its running-stat writes are invisible
+    to version counters and functionalization drops them."""
     try:
         from kiln.compiler.aot import lowering_decompositions
         table = dict(lowering_decompositions())
     except ImportError:  # the aot module is not there yet: torch's core aten set
         from torch._decomp import core_aten_decompositions
         table = dict(core_aten_decompositions())
+    table.update(get_decompositions([aten.native_batch_norm, aten._native_batch_norm_legit,
+                                     aten._batch_norm_with_update]))
     if options.get("fallback_random"):
         # random ops stay whole, so they draw from the generator exactly as eager does
         table = {op: fn for op, fn in table.items()

@@ -1,0 +1,364 @@
+"""Training graphs (kiln.compiler.training): compiled forward and backward equal eager's.
+
+Graphs come the way capture hands them over: fx graphs whose parameters and buffers are
+inputs. Functions are traced with torch.fx.symbolic_trace; modules (whose Python control flow
+symbolic_trace cannot follow) with make_fx over torch.func.functional_call.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln.compiler.training import compile_training
+from kiln.config import compiler_options
+
+INNERS = ["eager", "cpp"]
+
+
+def compile_for_training(gm, example_inputs, inner, **options):
+    return compile_training(gm, example_inputs, compiler_options(None, options), inner)
+
+
+def fresh(args):
+    """Independent copies of args (leaves again, requires_grad kept)."""
+    return [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+
+
+def run_both(gm, args, inner, loss=lambda outs: sum(o.sum() for o in outs if o.requires_grad), **options):
+    """Run gm eagerly and compiled on equal copies of args, backward through `loss` of both;
+    check outputs, which outputs require grad, gradients and inputs after the call agree."""
+    compiled = compile_for_training(gm, fresh(args), inner, **options)
+    eager_args, compiled_args = fresh(args), fresh(args)
+    expected, actual = _as_tuple(gm(*eager_args)), _as_tuple(compiled(*compiled_args))
+    torch.testing.assert_close(actual, expected)
+    assert [a.requires_grad for a in actual] == [e.requires_grad for e in expected]
+    loss(expected).backward()
+    loss(actual).backward()
+    for e, c in zip(eager_args, compiled_args):
+        torch.testing.assert_close(c, e)
+        torch.testing.assert_close(c.grad, e.grad)
+    return compiled, actual
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def module_graph(module, *inputs):
+    """`module` as an fx graph over (*parameters, *buffers, *inputs), as capture lifts them;
+    returns the graph and its example inputs (the module's own tensors, then inputs)."""
+    state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    names = list(state)
+
+    def call(*args):
+        return torch.func.functional_call(module, dict(zip(names, args[:len(names)])),
+                                          tuple(args[len(names):]))
+    gm = make_fx(call, tracing_mode="fake")(*state.values(), *inputs)
+    return gm, [*state.values(), *inputs]
+
+
+def with_grad_mode_calls(fn):
+    """symbolic_trace(fn), with calls `grad_mode(flag, anchor)` turned into
+    `torch._C._set_grad_enabled(flag)`, the way capture records `with torch.no_grad():` and
+    `torch.enable_grad()` regions."""
+    gm = torch.fx.symbolic_trace(fn)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is grad_mode:
+            n.target, n.args = torch._C._set_grad_enabled, n.args[:1]
+            n.meta.pop("is_wrapped", None)  # else the generated code re-registers it with fx.wrap
+    gm.recompile()
+    return gm
+
+
+@torch.fx.wrap
+def grad_mode(flag, anchor):
+    """Traced only as a marker: fx records a wrapped call only when a traced value (anchor) is
+    among its arguments."""
+    torch._C._set_grad_enabled(flag)
+
+
+# --- models --------------------------------------------------------------------------------
+
+def mlp(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def mlp_args():
+    torch.manual_seed(0)
+    return [torch.randn(8, 16, requires_grad=True), torch.randn(32, 16, requires_grad=True),
+            torch.randn(32, requires_grad=True), torch.randn(4, 32, requires_grad=True),
+            torch.randn(4, requires_grad=True)]
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_mlp_gradients_of_inputs_and_parameters(inner):
+    run_both(torch.fx.symbolic_trace(mlp), mlp_args(), inner)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_conv_batchnorm_gradients_and_running_stats(inner):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)).train()
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    gm, args = module_graph(net, x)
+    run_both(gm, args, inner)  # buffers (running_mean/var, num_batches_tracked) compared too
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_batchnorm_running_stats_follow_eager_module(inner):
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(5).train()
+    x = torch.randn(6, 5, requires_grad=True)
+    gm, args = module_graph(bn, x)
+    compiled = compile_for_training(gm, fresh(args), inner)
+    reference = copy.deepcopy(bn)
+    compiled_args = fresh(args)
+    for _ in range(2):
+        reference(x).sum().backward()
+        compiled(*compiled_args).sum().backward()
+    torch.testing.assert_close(compiled_args[2], reference.running_mean)
+    torch.testing.assert_close(compiled_args[3], reference.running_var)
+    assert int(compiled_args[4]) == int(reference.num_batches_tracked) == 2
+    torch.testing.assert_close(compiled_args[0].grad, reference.weight.grad)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_transformer_block(inner):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).train()
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    gm, args = module_graph(layer, x)
+    run_both(gm, args, inner)
+
+
+# --- what autograd sees ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_inputs_with_and_without_grad(inner):
+    def f(x, w, c):
+        return (x @ w).tanh() * c
+    args = [torch.randn(3, 4), torch.randn(4, 5, requires_grad=True), torch.randn(5)]
+    compiled, _ = run_both(torch.fx.symbolic_trace(f), args, inner)
+    plain = fresh(args)
+    compiled(*plain).sum().backward()
+    assert plain[0].grad is None and plain[2].grad is None and plain[1].grad is not None
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_outputs_without_grad_and_several_outputs(inner):
+    def f(x, w, c):
+        y = x * w
+        return y.sin(), c.cos(), y.detach() + 1, (y * y).sum()
+    args = [torch.randn(6), torch.randn(6, requires_grad=True), torch.randn(3)]
+    _, outs = run_both(torch.fx.symbolic_trace(f), args, inner)
+    assert [o.requires_grad for o in outs] == [True, False, False, True]
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_only_one_output_used_in_backward(inner):
+    def f(x, w):
+        return x * w, (x + w).exp()
+    args = [torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    run_both(torch.fx.symbolic_trace(f), args, inner, loss=lambda outs: outs[1].sum())
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_views_and_inplace_on_intermediates(inner):
+    def f(x, w):
+        y = (x @ w).view(2, 3, 4)
+        t = y.transpose(1, 2)
+        z = t.clone()
+        z[:, 0].mul_(3)            # in place on a view of an intermediate
+        z.add_(1)
+        s = z.reshape(2, 12)[:, ::2]
+        return s.relu(), y.unsqueeze(0).expand(2, 2, 3, 4)
+    args = [torch.randn(6, 5, requires_grad=True), torch.randn(5, 4, requires_grad=True)]
+    run_both(torch.fx.symbolic_trace(f), args, inner)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_inplace_on_input_without_grad(inner):
+    def f(x, w, buf):
+        buf.mul_(0.9).add_(x.detach().mean(0))
+        return x * w + buf
+    args = [torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True), torch.randn(4)]
+    run_both(torch.fx.symbolic_trace(f), args, inner)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_inplace_on_non_leaf_input_that_requires_grad(inner):
+    def f(a, w):
+        a.mul_(w)
+        return a.sin()
+    leaf, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), [leaf * 1, w], inner)
+    results = []
+    for fn in (f, compiled):
+        leaf_c, w_c = fresh([leaf, w])
+        a = leaf_c * 2
+        out = fn(a, w_c)
+        (out.sum() + a.sum()).backward()   # `a` itself now holds a * w, with that history
+        results.append((out, a, leaf_c.grad, w_c.grad))
+    torch.testing.assert_close(results[1], results[0])
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_inplace_on_leaf_that_requires_grad_raises_like_eager(inner):
+    def f(a, w):
+        a.mul_(w)
+        return a
+    args = [torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)]
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        f(*fresh(args))
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), [args[0] * 1, args[1]], inner)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        compiled(*fresh(args))
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_no_grad_and_enable_grad_regions(inner):
+    def f(x, w):
+        a = x * w
+        grad_mode(False, a)
+        b = a.exp()             # no gradient flows through b
+        grad_mode(True, b)
+        c = (a + b).sin()
+        grad_mode(False, c)
+        d = c * 2
+        grad_mode(True, d)
+        return c + b, d
+    gm = with_grad_mode_calls(f)
+    assert any(n.target is torch._C._set_grad_enabled for n in gm.graph.nodes)
+    args = [torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    _, outs = run_both(gm, args, inner)
+    assert outs[1].requires_grad is False
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_parameter_update_under_no_grad_inside_graph(inner):
+    def f(x, w):
+        loss = (x * w).sum()
+        grad_mode(False, loss)
+        w.sub_(0.1 * x.sum(0))   # a write autograd does not see, to a leaf that requires grad
+        grad_mode(True, w)
+        return loss
+    args = [torch.randn(3, 4), torch.randn(4, requires_grad=True)]
+    run_both(with_grad_mode_calls(f), args, inner)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_detach(inner):
+    def f(x, w):
+        y = x * w
+        return y * y.detach() + y.detach().exp()
+    run_both(torch.fx.symbolic_trace(f), [torch.randn(5, requires_grad=True),
+                                          torch.randn(5, requires_grad=True)], inner)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_retain_graph(inner):
+    gm = torch.fx.symbolic_trace(mlp)
+    args = mlp_args()
+    compiled = compile_for_training(gm, fresh(args), inner)
+    grads = []
+    for fn in (gm, compiled):
+        a = fresh(args)
+        out = fn(*a).sum()
+        out.backward(retain_graph=True)
+        out.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            out.backward()
+        grads.append([t.grad for t in a])
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_double_backward_is_a_clear_error(inner):
+    def f(x):
+        return x.sin()
+    x = torch.randn(4, requires_grad=True)
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), [x], inner)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(compiled(x).sum(), x)   # a plain backward still works
+    torch.testing.assert_close(g, x.cos())
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_dropout_uses_one_mask_forward_and_backward(inner):
+    def f(x, w):
+        return F.dropout(x * w, 0.5, training=True)
+    x, w = torch.rand(64, requires_grad=True) + 1, torch.ones(64, requires_grad=True)
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), [x, w], inner)
+    out = compiled(x, w)
+    out.sum().backward()
+    kept = (out != 0).float()
+    assert 0 < kept.sum() < 64
+    torch.testing.assert_close(w.grad, kept * 2 * x.detach())
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_dropout_with_fallback_random_equals_eager_under_one_seed(inner):
+    def f(x, w):
+        return F.dropout(x @ w, 0.3, training=True).tanh()
+    args = [torch.randn(8, 6, requires_grad=True), torch.randn(6, 6, requires_grad=True)]
+    gm = torch.fx.symbolic_trace(f)
+    compiled = compile_for_training(gm, fresh(args), inner, fallback_random=True)
+    results = []
+    for fn in (gm, compiled):
+        a = fresh(args)
+        torch.manual_seed(1234)
+        out = fn(*a)
+        out.sum().backward()
+        results.append((out, a[0].grad, a[1].grad))
+    torch.testing.assert_close(results[1], results[0])
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_five_sgd_steps_give_eager_losses(inner):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 20), nn.Tanh(), nn.Linear(20, 1))
+    data, target = torch.randn(16, 10), torch.randn(16, 1)
+
+    def step_loss(w1, b1, w2, b2, x, y):
+        return F.mse_loss(F.linear(torch.tanh(F.linear(x, w1, b1)), w2, b2), y)
+    params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    compiled = compile_for_training(torch.fx.symbolic_trace(step_loss), [*params, data, target], inner)
+    losses = {}
+    for name, fn in (("eager", step_loss), ("compiled", compiled)):
+        ps = fresh(params)
+        losses[name] = []
+        for _ in range(5):
+            loss = fn(*ps, data, target)
+            loss.backward()
+            with torch.no_grad():
+                for p in ps:
+                    p.sub_(0.1 * p.grad)
+                    p.grad = None
+            losses[name].append(loss.item())
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5)
+    assert losses["eager"][-1] < losses["eager"][0]
+
+
+# --- calls that differ from the example inputs ---------------------------------------------
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_call_under_no_grad_and_with_other_requires_grad(inner):
+    gm = torch.fx.symbolic_trace(mlp)
+    args = mlp_args()
+    compiled = compile_for_training(gm, fresh(args), inner)
+    with torch.no_grad():
+        out = compiled(*fresh(args))
+    assert not out.requires_grad
+    torch.testing.assert_close(out, gm(*args).detach())
+    only_x = fresh(args)
+    for p in only_x[1:]:
+        p.requires_grad_(False)
+    compiled(*only_x).sum().backward()
+    eager_x = fresh(only_x)
+    gm(*eager_x).sum().backward()
+    torch.testing.assert_close(only_x[0].grad, eager_x[0].grad)
