@@ -1,12 +1,52 @@
-"""kiln's compiler (backend "inductor"): aot -> lower -> fuse -> codegen -> build -> wrapper.
+"""kiln's compiler (backend "inductor"): aot -> lower -> schedule -> codegen -> build -> wrapper.
 
-Placeholder until the compiler lands: runs the graph as captured and says so under
-KILN_LOGS=perf_hints.
+`compile_fx` takes a torch-level fx graph (the backend contract); `compile_aten` takes a
+functional aten graph (what aot and training produce) and returns a callable over flat inputs
+returning a flat tuple. The callable carries the inspection API: `kiln_kernels` (KernelInfo per
+generated kernel), `kiln_source` (the C++), `kiln_wrapper` (the Python wrapper),
+`kiln_fallbacks` (aten ops called because they have no lowering).
 """
+import torch
+
+from kiln.config import compiler_options
 from kiln.debug.logs import log
 
 
 def compile_fx(gm, example_inputs, options=None, inner="cpp"):
-    """Compile a torch-level fx graph for `example_inputs`; returns a callable over flat inputs."""
-    log("perf_hints", "compiler not built yet: graph runs eagerly (%d nodes)", len(gm.graph.nodes))
-    return gm.forward
+    """Compile a torch-level fx graph for `example_inputs`."""
+    options = options if options is not None else compiler_options()
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        from kiln.compiler.training import compile_training
+        return compile_training(gm, example_inputs, options, inner)
+    from kiln.compiler import aot
+    aten = aot.trace_aten(gm, example_inputs, aot.lowering_decompositions(options.get("fallback_random", False)))
+    if inner == "eager":
+        return aot.make_runner(aten, aten.gm.forward)
+    return aot.make_runner(aten, compile_aten(aten.gm, example_inputs, options, fx_gm=gm))
+
+
+def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
+    """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple."""
+    from kiln.compiler import debug, wrapper
+    from kiln.compiler.build import load_library
+    from kiln.compiler.codegen import cpp
+    from kiln.compiler.lower import GraphLowering
+    from kiln.compiler.schedule import build_program, workspace_plan
+
+    options = options if options is not None else compiler_options()
+    graph = GraphLowering(aten_gm, example_inputs, options).run()
+    program = build_program(graph)
+    offsets, ws_size = workspace_plan(program)
+    source, entries = cpp.generate(program, offsets, options)
+    lib = load_library(source, name_hint="graph") if entries else None
+    fn, wrapper_source = wrapper.build(program, entries, lib, ws_size, len(example_inputs))
+    debug.log_output_code(getattr(lib, "_name", None), source, wrapper_source)
+    if options.get("trace.enabled"):
+        folder = debug.write_trace(options, aten_gm=aten_gm, graph=graph, program=program, cpp_source=source,
+                                   wrapper_source=wrapper_source, fx_gm=fx_gm)
+        log("output_code", "debug trace written to %s", folder)
+    fn.kiln_kernels = debug.kernel_infos(program)
+    fn.kiln_source = source
+    fn.kiln_wrapper = wrapper_source
+    fn.kiln_fallbacks = list(graph.fallbacks)
+    return fn

@@ -1,0 +1,456 @@
+"""C++/OpenMP code for a scheduled program: one translation unit, no torch headers.
+
+Each run of kernels with no extern call between them becomes one `extern "C"` entry taking raw
+pointers; the wrapper calls it once. Inside, a kernel is an OpenMP-parallel loop over its outer
+points (when the work is big enough) with `#pragma omp simd` innermost loops; reductions
+accumulate in registers (`omp simd reduction` where reassociation is allowed); values that
+never leave the kernel stay in registers. No -ffast-math: NaN/inf follow IEEE as eager does,
+and the helpers below give max/min/floor-division/remainder eager's exact semantics.
+"""
+import dataclasses
+import math
+
+import sympy
+import torch
+
+from kiln.compiler import ir
+from kiln.compiler.schedule import Kernel, kernel_stages, loop_var
+
+CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.float16: "_Float16", torch.bfloat16: "uint16_t",
+}
+# below this many float elements a sum accumulates in float (omp simd keeps 8-16 partial sums)
+DOUBLE_ACCUMULATE_FROM = 4096
+PARALLEL_CHUNK = 4096
+
+PRELUDE = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+template <typename T> static inline T kiln_max(T a, T b) { return (a != a || a >= b) ? a : b; }
+template <typename T> static inline T kiln_min(T a, T b) { return (a != a || a <= b) ? a : b; }
+template <typename T> static inline T kiln_relu(T a) { return a < 0 ? T(0) : a; }
+template <typename T> static inline T kiln_sign(T a) { return T((a > T(0)) - (a < T(0))); }
+template <typename T> static inline T kiln_floordiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    if (b == 0) return a / b;
+    T mod = std::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != 0 && (b < 0) != (mod < 0)) div -= T(1);
+    if (div == 0) return std::copysign(T(0), a / b);
+    T fl = std::floor(div);
+    return div - fl > T(0.5) ? fl + T(1) : fl;
+  } else {
+    if (b == 0) return 0;
+    T q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+    return q;
+  }
+}
+template <typename T> static inline T kiln_truncdiv(T a, T b) { return b == 0 ? T(0) : T(a / b); }
+template <typename T> static inline T kiln_remainder(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    T mod = std::fmod(a, b);
+    if (mod != 0 && (b < 0) != (mod < 0)) mod += b;
+    return mod;
+  } else {
+    if (b == 0) return 0;
+    T r = a % b;
+    if (r != 0 && (r < 0) != (b < 0)) r += b;
+    return r;
+  }
+}
+template <typename T> static inline T kiln_fmod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) return std::fmod(a, b);
+  else return b == 0 ? T(0) : T(a % b);
+}
+template <typename T> static inline T kiln_ipow(T base, T exp) {
+  T result = 1;
+  while (exp > 0) { if (exp & 1) result *= base; base *= base; exp >>= 1; }
+  return result;
+}
+static inline float kiln_round_f16(float x) { return (float)(_Float16)x; }
+static inline float kiln_bf16_load(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t kiln_bf16_store(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+static inline float kiln_round_bf16(float x) { return kiln_bf16_load(kiln_bf16_store(x)); }
+"""
+
+
+def compute_ctype(dtype):
+    return "float" if dtype in ir.HALF_DTYPES else CTYPES[dtype]
+
+
+def literal(value, dtype):
+    ctype = compute_ctype(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        value = float(value)
+        if math.isnan(value):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if math.isinf(value):
+            return f"{'-' if value < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
+        text = repr(value)
+        return f"{text}f" if ctype == "float" else text
+    return f"({ctype}){int(value)}LL" if ctype == "int64_t" else f"({ctype}){int(value)}"
+
+
+def cindex(e):
+    """A sympy integer expression as C++ (int64 arithmetic)."""
+    if e.is_Integer:
+        return f"{int(e)}LL" if abs(int(e)) >= 2**31 else str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if e.is_Add:
+        return "(" + " + ".join(cindex(a) for a in e.args) + ")"
+    if e.is_Mul:
+        return "(" + " * ".join(cindex(a) for a in e.args) + ")"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        fn = "std::min" if isinstance(e, sympy.Min) else "std::max"
+        out = cindex(e.args[0])
+        for a in e.args[1:]:
+            out = f"{fn}<int64_t>({out}, {cindex(a)})"
+        return out
+    raise NotImplementedError(f"index expression {e}")
+
+
+UNARY_CALLS = {name: f"std::{name}" for name in (
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "floor", "ceil", "trunc",
+    "lgamma")}
+UNARY_CALLS.update(round="std::nearbyint", relu="kiln_relu", sign="kiln_sign", isinf="std::isinf")
+BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
+              "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+              "logical_and": "&&", "logical_or": "||"}
+BINARY_CALLS = {"maximum": "kiln_max", "minimum": "kiln_min", "atan2": "std::atan2", "pow": "std::pow",
+                "floordiv": "kiln_floordiv", "truncdiv": "kiln_truncdiv", "remainder": "kiln_remainder",
+                "fmod": "kiln_fmod", "ipow": "kiln_ipow"}
+
+
+class ExprPrinter:
+    """Prints Exprs into `lines` as typed temporaries, sharing equal subexpressions."""
+
+    def __init__(self, lines, indent, pointers, locals_):
+        self.lines, self.indent = lines, indent
+        self.pointers = pointers   # buffer name -> C++ pointer name
+        self.locals = locals_      # buffer name -> C++ variable holding its value here
+        self.mapping = {}          # node loop var -> kernel loop expression
+        self.memo, self.cse = {}, {}
+
+    def temp(self, key, ctype, code):
+        if key in self.cse:
+            return self.cse[key]
+        name = f"t{len(self.cse)}_{self.indent}"
+        self.lines.append("  " * self.indent + f"{ctype} {name} = {code};")
+        self.cse[key] = name
+        return name
+
+    def index(self, e, extra=None):
+        mapping = dict(self.mapping)
+        mapping.update(extra or {})
+        return cindex(sympy.expand(e.subs(mapping, simultaneous=True)))
+
+    def expr(self, e):
+        key = (id(e), tuple(sorted(self.mapping.items(), key=str)))
+        if key not in self.memo:
+            self.memo[key] = self._print(e)
+        return self.memo[key]
+
+    def _print(self, e):
+        ctype = compute_ctype(e.dtype)
+        if e.op == "const":
+            return literal(e.args[0], e.dtype)
+        if e.op == "index":
+            code = self.index(e.args[0])
+            return self.temp(("index", code, ctype), ctype, code if ctype == "int64_t" else f"({ctype})({code})")
+        if e.op == "load":
+            name, index, bindings = e.args
+            if name in self.locals and not bindings:
+                return self.locals[name]
+            extra = {sym: sympy.Symbol(self.expr(value)) for sym, value in bindings}
+            code = f"{self.pointers[name]}[{self.index(index, extra)}]"
+            if e.dtype == torch.float16:
+                code = f"(float){code}"
+            elif e.dtype == torch.bfloat16:
+                code = f"kiln_bf16_load({code})"
+            return self.temp(("load", code), ctype, code)
+        args = [self.expr(a) for a in e.args]
+        return self.temp((e.op, tuple(args), ctype), ctype, self.op_code(e, args, ctype))
+
+    @staticmethod
+    def op_code(e, args, ctype):
+        op = e.op
+        if op in BINARY_OPS:
+            return f"({args[0]} {BINARY_OPS[op]} {args[1]})"
+        if op in BINARY_CALLS:
+            return f"{BINARY_CALLS[op]}({args[0]}, {args[1]})"
+        if op in UNARY_CALLS:
+            return f"{UNARY_CALLS[op]}({args[0]})"
+        simple = {
+            "neg": "(-{0})", "abs": "std::abs({0})", "rsqrt": "(({t})1 / std::sqrt({0}))",
+            "reciprocal": "(({t})1 / {0})", "sigmoid": "(({t})1 / (({t})1 + std::exp(-{0})))",
+            "bitwise_not": "(~{0})", "logical_not": "(!{0})", "isnan": "({0} != {0})",
+            "logical_xor": "((bool){0} != (bool){1})", "where": "({0} ? {1} : {2})",
+            "cast": "static_cast<{t}>({0})",
+        }
+        if op in simple:
+            return simple[op].format(*args, t=ctype)
+        if op == "round":
+            return f"kiln_round_f16({args[0]})" if e.dtype == torch.float16 else f"kiln_round_bf16({args[0]})"
+        raise NotImplementedError(f"no C++ for op {op}")
+
+
+REDUCTIONS = {
+    # kind: (init, update, omp simd reduction operator or None)
+    "sum": ("0", "{acc} = {acc} + {v};", "+"),
+    "prod": ("1", "{acc} = {acc} * {v};", "*"),
+    "any": ("false", "{acc} = {acc} || {v};", "||"),
+    "all": ("true", "{acc} = {acc} && {v};", "&&"),
+    "max": (None, "{acc} = kiln_max({acc}, {v});", None),
+    "min": (None, "{acc} = kiln_min({acc}, {v});", None),
+}
+
+
+def reduction_init(kind, ctype):
+    if REDUCTIONS[kind][0] is not None:
+        return f"({ctype}){REDUCTIONS[kind][0]}"
+    if ctype in ("float", "double"):
+        return f"{'-' if kind == 'max' else ''}std::numeric_limits<{ctype}>::infinity()"
+    limit = "lowest" if kind == "max" else "max"
+    return f"std::numeric_limits<{ctype}>::{limit}()"
+
+
+@dataclasses.dataclass
+class Entry:
+    """One native function: the kernels it runs and the buffers it takes, in argument order."""
+    name: str
+    kernels: list
+    args: list          # buffer names passed as pointers
+    uses_workspace: bool
+
+
+class KernelWriter:
+    def __init__(self, kernel: Kernel, program, ws_offsets, options, pointer_of):
+        self.kernel, self.program, self.options = kernel, program, options
+        self.ws_offsets, self.pointer_of = ws_offsets, pointer_of
+        self.threads = options.get("cpp.threads", -1)
+        if self.threads is None or self.threads < 1:
+            self.threads = torch.get_num_threads()
+        self.min_work = options.get("cpp.min_parallel_work", 32768)
+
+    def write(self):
+        k = self.kernel
+        outer, inner = k.dims()
+        self.outer_vars = [loop_var("x", i) for i in range(len(outer))]
+        self.inner_vars = [loop_var("r", i) for i in range(len(inner))]
+        self.outer, self.inner = outer, inner
+        self.maps = {n.name: k.var_map(n, outer, inner) for n in k.nodes}
+        lines = [f"  // {k.name}: " + ", ".join(f"{n.name}{'=' + n.reduction_type if n.is_reduction else ''}"
+                                              for n in k.nodes) + f"  [{k.numel} x {k.rnumel}]", "  {"]
+        lines += self.pointer_lines()
+        work = int(k.numel * k.rnumel) if (k.numel * k.rnumel).is_number else self.min_work
+        parallel = work >= self.min_work and self.threads > 1 and (k.numel != 1 or k.rnumel == 1)
+        body_indent = 2 + len(outer)
+        body = []
+        self.locals = {}
+        outer_printer = ExprPrinter(body, body_indent, self.pointers, self.locals)
+        stages = kernel_stages(k)
+        pointwise_only = k.rnumel == 1 and not any(n.is_reduction for n in k.nodes)
+        for stage in stages:
+            if pointwise_only:
+                self.write_inner_body(stage, outer_printer)
+            else:
+                self.write_stage(stage, body, body_indent, outer_printer)
+        lines += self.outer_loops(outer, body, parallel, simd_innermost=pointwise_only)
+        lines.append("  }")
+        return lines
+
+    def pointer_lines(self):
+        names = set()
+        for n in self.kernel.nodes:
+            names |= n.reads
+            if self.program.storage[n.name] != "local":
+                names.add(n.name)
+        self.pointers, out = {}, []
+        for name in sorted(names, key=lambda s: (len(s), s)):
+            if self.program.storage.get(name) == "local":
+                continue
+            buf = self.program.buffers[name]
+            ctype = CTYPES[buf.layout.dtype]
+            written = any(n.name == name for n in self.kernel.nodes)
+            const = "" if written else "const "
+            source = (f"(ws + {self.ws_offsets[name]})" if self.program.storage[name] == "workspace"
+                      else self.pointer_of(name))
+            out.append(f"    {const}{ctype}* __restrict__ {name} = ({const}{ctype}*){source};")
+            self.pointers[name] = name
+        return out
+
+    def outer_loops(self, sizes, body, parallel, simd_innermost):
+        lines, ind = [], 2
+        pragma_threads = f" num_threads({self.threads})"
+        n = len(sizes)
+        if n == 0:
+            return ["    {"] + body + ["    }"]
+        if simd_innermost and n == 1 and parallel:
+            size = cindex(sizes[0])
+            lines.append("    #pragma omp parallel for" + pragma_threads)
+            lines.append(f"    for (int64_t c0 = 0; c0 < {size}; c0 += {PARALLEL_CHUNK}) {{")
+            lines.append(f"      const int64_t c0_end = std::min<int64_t>(c0 + {PARALLEL_CHUNK}, {size});")
+            lines.append("      #pragma omp simd")
+            lines.append("      for (int64_t x0 = c0; x0 < c0_end; ++x0) {")
+            lines += body
+            lines += ["      }", "    }"]
+            return lines
+        for i, s in enumerate(sizes):
+            pad = "  " * (ind + i)
+            if i == 0 and parallel:
+                collapse = n - 1 if simd_innermost else n
+                clause = f" collapse({collapse})" if collapse > 1 else ""
+                if collapse >= 1:
+                    lines.append(f"{pad}#pragma omp parallel for{clause}{pragma_threads}")
+            if simd_innermost and i == n - 1:
+                lines.append(f"{pad}#pragma omp simd")
+            lines.append(f"{pad}for (int64_t x{i} = 0; x{i} < {cindex(s)}; ++x{i}) {{")
+        lines += body
+        for i in reversed(range(n)):
+            lines.append("  " * (ind + i) + "}")
+        return lines
+
+    def write_inner_body(self, stage, printer):
+        """Pointwise nodes (and size-1 reductions) at one loop point."""
+        for node in stage:
+            printer.mapping = self.maps[node.name]
+            value = printer.expr(node.body)
+            self.finish_value(node, value, printer)
+
+    def finish_value(self, node, value, printer):
+        dtype = node.layout.dtype
+        ctype = compute_ctype(dtype)
+        local = f"v_{node.name}"
+        printer.lines.append("  " * printer.indent + f"{ctype} {local} = {value};")
+        self.locals[node.name] = local
+        if self.program.storage[node.name] != "local":
+            store = printer.index(node.store_index)
+            out = f"({CTYPES[dtype]}){local}" if dtype == torch.float16 else (
+                f"kiln_bf16_store({local})" if dtype == torch.bfloat16 else local)
+            printer.lines.append("  " * printer.indent + f"{node.name}[{store}] = {out};")
+
+    def write_stage(self, stage, body, indent, outer_printer):
+        k = self.kernel
+        level_outer = k.role(stage[0]) == "outer"
+        if level_outer:
+            for node in stage:
+                outer_printer.mapping = self.maps[node.name]
+                self.finish_value(node, outer_printer.expr(node.body), outer_printer)
+            return
+        pad = "  " * indent
+        reductions = [n for n in stage if n.is_reduction]
+        accs, clauses = {}, []
+        for n in reductions:
+            acc_ctype = compute_ctype(n.body.dtype)
+            if n.reduction_type == "sum" and acc_ctype == "float" and (
+                    not k.rnumel.is_number or int(k.rnumel) >= DOUBLE_ACCUMULATE_FROM):
+                acc_ctype = "double"
+            acc = f"acc_{n.name}"
+            accs[n.name] = (acc, acc_ctype)
+            if n.reduction_type in ("argmax", "argmin"):
+                body.append(f"{pad}{acc_ctype} {acc} = 0; int64_t {acc}_i = -1;")
+            else:
+                body.append(f"{pad}{acc_ctype} {acc} = {reduction_init(n.reduction_type, acc_ctype)};")
+                simd_op = REDUCTIONS[n.reduction_type][2]
+                clauses.append(f"reduction({simd_op}:{acc})" if simd_op else None)
+        simd_ok = all(c is not None for c in clauses) and len(clauses) == len(reductions)
+        loop_lines = []
+        inner_indent = indent + max(len(self.inner), 0) + (1 if not self.inner else 0)
+        printer = ExprPrinter(loop_lines, inner_indent, self.pointers, self.locals)
+        for node in stage:
+            printer.mapping = self.maps[node.name]
+            value = printer.expr(node.body)
+            if node.is_reduction:
+                self.accumulate(node, value, accs[node.name], printer)
+            else:
+                self.finish_value(node, value, printer)
+        if not self.inner:
+            body.append(f"{pad}{{")
+            body += loop_lines
+            body.append(f"{pad}}}")
+        else:
+            for i, s in enumerate(self.inner):
+                ipad = "  " * (indent + i)
+                if i == len(self.inner) - 1 and simd_ok:
+                    body.append(f"{ipad}#pragma omp simd " + " ".join(c for c in clauses if c))
+                body.append(f"{ipad}for (int64_t r{i} = 0; r{i} < {cindex(s)}; ++r{i}) {{")
+            body += loop_lines
+            for i in reversed(range(len(self.inner))):
+                body.append("  " * (indent + i) + "}")
+        for node in reductions:
+            acc, _ = accs[node.name]
+            result = f"{acc}_i" if node.reduction_type in ("argmax", "argmin") else acc
+            ctype = compute_ctype(node.layout.dtype)
+            value = f"({ctype}){result}"
+            if node.layout.dtype in ir.HALF_DTYPES:
+                value = f"kiln_round_{'f16' if node.layout.dtype == torch.float16 else 'bf16'}((float){result})"
+            outer_printer.mapping = self.maps[node.name]
+            self.finish_value(node, value, outer_printer)
+
+    def accumulate(self, node, value, acc_info, printer):
+        acc, acc_ctype = acc_info
+        pad = "  " * printer.indent
+        if node.reduction_type in ("argmax", "argmin"):
+            flat = sympy.Integer(0)
+            stride = sympy.Integer(1)
+            for v, s in zip(reversed(node.rvars()), reversed(node.reduction_sizes)):
+                flat += v * stride
+                stride *= s
+            position = printer.index(flat)
+            better = ">" if node.reduction_type == "argmax" else "<"
+            printer.lines.append(
+                f"{pad}if ({acc}_i < 0 || {value} {better} {acc} || ({value} != {value} && {acc} == {acc})) "
+                f"{{ {acc} = {value}; {acc}_i = {position}; }}")
+            return
+        update = REDUCTIONS[node.reduction_type][1].format(acc=acc, v=f"({acc_ctype}){value}")
+        printer.lines.append(pad + update)
+
+
+def generate(program, ws_offsets, options):
+    """The C++ source for `program` and its entries (one per run of kernels between externs)."""
+    entries, current = [], None
+    for step in program.steps:
+        if isinstance(step, Kernel):
+            if current is None:
+                current = Entry(f"kiln_entry{len(entries)}", [], [], False)
+                entries.append(current)
+            current.kernels.append(step)
+        else:
+            current = None
+    parts = [PRELUDE]
+    for entry in entries:
+        args = []
+
+        def pointer_of(name, args=args):
+            if name not in args:
+                args.append(name)
+            return f"p_{name}"
+        body = []
+        for kernel in entry.kernels:
+            body += KernelWriter(kernel, program, ws_offsets, options, pointer_of).write()
+        entry.args = args
+        entry.uses_workspace = any(program.storage[n.name] == "workspace" or
+                                   any(program.storage.get(r) == "workspace" for r in n.reads)
+                                   for k in entry.kernels for n in k.nodes)
+        params = [f"void* p_{a}" for a in args] + (["char* ws"] if entry.uses_workspace else [])
+        parts.append(f'extern "C" void {entry.name}({", ".join(params)}) {{')
+        parts += body
+        parts.append("}\n")
+    return "\n".join(parts), entries

@@ -1,0 +1,230 @@
+"""kiln's loop IR.
+
+Three ideas, kept small:
+
+- `Expr`: one scalar expression node (op, args, dtype). Codegen prints it as C++. Loads name a
+  buffer and carry a sympy flat index; `index` turns a sympy expression into a value.
+- `TensorValue`: a tensor as sizes + dtype + `loader(index) -> Expr`. Pointwise math composes
+  loaders, so nothing is computed until a value is *realized* into a buffer. A value that is a
+  plain strided view of a buffer also carries `view`, so further views stay index maps and
+  externs can take it with `as_strided` (no copy).
+- Buffers: `InputBuffer` (a graph input), `ComputedBuffer` (a `Pointwise` or `Reduction` loop),
+  `ExternBuffer` (the result of an aten call made from the wrapper).
+
+Sizes and indices are sympy expressions throughout, so symbolic sizes need no rewrite.
+"""
+import dataclasses
+from typing import Callable, Optional
+
+import sympy
+import torch
+
+# dtypes computed in float inside kernels (loaded and stored with a conversion)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype):
+    """The dtype a kernel computes `dtype` values in."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+class Expr:
+    """A scalar expression node: `op` applied to `args`, producing a `dtype` value.
+
+    Leaves: ("const", (python_value,)) and ("index", (sympy_expr,)). A load is
+    ("load", (buffer_name, sympy_index, bindings)) where bindings are (symbol, Expr) pairs for
+    the *indirect* symbols in the index (gather, embedding: an index read from a tensor).
+    A value of a half dtype is held in float, rounded to that dtype.
+    """
+    __slots__ = ("op", "args", "dtype")
+
+    def __init__(self, op, args, dtype):
+        self.op, self.args, self.dtype = op, tuple(args), dtype
+
+    def __repr__(self):
+        inner = ", ".join(repr(a) for a in self.args)
+        return f"{self.op}[{str(self.dtype).replace('torch.', '')}]({inner})"
+
+    def children(self):
+        if self.op == "load":
+            return [e for _, e in self.args[2]]
+        return [a for a in self.args if isinstance(a, Expr)]
+
+    def walk(self):
+        """Every node of the DAG once."""
+        seen, stack = set(), [self]
+        while stack:
+            e = stack.pop()
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            yield e
+            stack.extend(e.children())
+
+    def loads(self):
+        return [e for e in self.walk() if e.op == "load"]
+
+    def op_count(self):
+        return sum(1 for e in self.walk() if e.op not in ("load", "const", "index"))
+
+
+# indirect index symbols (an index read from a tensor) -> the Expr that computes them
+_INDIRECT = {}
+
+
+def indirect(value):
+    """A sympy symbol standing for the int64 Expr `value` inside an index."""
+    sym = sympy.Symbol(f"ind{len(_INDIRECT)}", integer=True)
+    _INDIRECT[sym] = value
+    return sym
+
+
+def is_indirect(sym):
+    return sym in _INDIRECT
+
+
+def const(value, dtype):
+    return Expr("const", (value,), dtype)
+
+
+def load(name, index, dtype):
+    index = sympy.expand(index)
+    bindings = tuple((s, _INDIRECT[s]) for s in sorted(index.free_symbols, key=str) if s in _INDIRECT)
+    return Expr("load", (name, index, bindings), dtype)
+
+
+def index_expr(expr, dtype=torch.int64):
+    return Expr("index", (expr,), dtype)
+
+
+def cast(e, dtype):
+    """Convert `e` to `dtype` (to a half dtype: round, the value stays in float)."""
+    if e.dtype == dtype:
+        return e
+    if dtype in HALF_DTYPES:
+        return Expr("round", (cast(e, torch.float32),), dtype)
+    return Expr("cast", (e,), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where the elements of a buffer live: element i lives at offset + sum(i_k * strides_k)."""
+    sizes: tuple
+    strides: tuple
+    dtype: torch.dtype
+    offset: sympy.Expr = sympy.Integer(0)
+
+    def index(self, idx):
+        return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.Integer(0))
+
+    @property
+    def numel(self):
+        return sympy_product(self.sizes)
+
+
+def contiguous_strides(sizes):
+    strides, acc = [], sympy.Integer(1)
+    for s in reversed(sizes):
+        strides.append(acc)
+        acc = acc * s
+    return tuple(reversed(strides))
+
+
+def sympy_product(xs):
+    out = sympy.Integer(1)
+    for x in xs:
+        out = out * x
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StridedView:
+    """A TensorValue that reads buffer `name` through `layout` with no computation."""
+    name: str
+    layout: Layout
+
+
+@dataclasses.dataclass
+class TensorValue:
+    sizes: tuple
+    dtype: torch.dtype
+    loader: Callable  # index (tuple of sympy) -> Expr
+    view: Optional[StridedView] = None
+
+    @property
+    def ndim(self):
+        return len(self.sizes)
+
+    @property
+    def numel(self):
+        return sympy_product(self.sizes)
+
+
+def view_value(name, layout):
+    """The TensorValue that reads `name` through `layout`."""
+    dtype = layout.dtype
+    return TensorValue(tuple(layout.sizes), dtype, lambda idx: load(name, layout.index(idx), dtype),
+                       StridedView(name, layout))
+
+
+@dataclasses.dataclass
+class Pointwise:
+    ranges: tuple
+    inner_fn: Callable  # index -> Expr
+
+
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
+
+
+@dataclasses.dataclass
+class Reduction:
+    ranges: tuple
+    reduction_ranges: tuple
+    reduction_type: str
+    inner_fn: Callable  # (index, reduction_index) -> Expr
+
+
+@dataclasses.dataclass
+class Buffer:
+    name: str
+    layout: Layout
+
+
+@dataclasses.dataclass
+class InputBuffer(Buffer):
+    position: int  # which graph input
+
+
+@dataclasses.dataclass
+class ConstantBuffer(Buffer):
+    value: torch.Tensor  # a module tensor the graph reads (get_attr): held by reference
+
+
+@dataclasses.dataclass
+class ComputedBuffer(Buffer):
+    data: object  # Pointwise | Reduction
+
+
+@dataclasses.dataclass
+class ExternCall:
+    """An aten call made from the wrapper: `target(*args, **kwargs)` where tensors in args are
+    `BufferArg`s, returning results bound to `outputs` (buffer names, pytree-shaped like the
+    op's result with None where a result is not a tensor we keep)."""
+    name: str
+    target: object
+    args: tuple
+    kwargs: dict
+    outputs: object
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferArg:
+    """A tensor argument of an extern call: buffer `name` seen through `layout`
+    (as_strided when the layout is not the buffer's own)."""
+    name: str
+    layout: Optional[Layout]
+
+
+@dataclasses.dataclass
+class ExternBuffer(Buffer):
+    call: ExternCall

@@ -1,0 +1,172 @@
+"""Lower a functional aten graph to kiln's loop IR.
+
+`GraphLowering` walks the aten graph once. Each node is lowered by the function registered for
+its op in `LOWERINGS` (see `kiln.compiler.lowerings`), which returns TensorValues: lazy index
+functions that compose, so pointwise chains cost nothing until a value is realized into a
+buffer. An op with no lowering (or whose lowering declines with `Fallback`) becomes an
+`ExternCall` that the wrapper makes to aten: never an error, named under KILN_LOGS=perf_hints.
+"""
+import operator
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+
+from kiln.compiler import ir
+from kiln.compiler.lowerings import LOWERINGS, Fallback, LoweringContext
+from kiln.debug.logs import log
+
+# a lazy value with several users is computed once (realized) when it costs more than this
+# many ops; cheaper ones are recomputed in each consumer, which is faster than memory traffic
+REALIZE_SHARED_OPS = 4
+# any lazy value this big is realized, to keep kernels (and Python tracing) small
+REALIZE_MAX_OPS = 80
+
+
+def sym_sizes(t):
+    return tuple(sympy.Integer(int(s)) for s in t.shape)
+
+
+def sym_layout(t):
+    return ir.Layout(sym_sizes(t), tuple(sympy.Integer(int(s)) for s in t.stride()), t.dtype)
+
+
+class GraphLowering(LoweringContext):
+    """The IR of one aten graph: buffers in program order, and which buffers are the outputs."""
+
+    def __init__(self, gm, example_inputs, options):
+        self.gm = gm
+        self.options = options
+        self.example_inputs = example_inputs
+        self.buffers = []           # ir.Buffer, in program order
+        self.buffer_by_name = {}
+        self.outputs = []           # per graph output: ("buffer", name, layout) | ("value", python)
+        self.fallbacks = []         # names of aten ops that went to aten
+        self.env = {}
+
+    # ---- buffers -------------------------------------------------------------------------
+    def new_name(self):
+        return f"buf{len(self.buffers)}"
+
+    def add_buffer(self, buf):
+        self.buffers.append(buf)
+        self.buffer_by_name[buf.name] = buf
+        return buf
+
+    def realize(self, value, layout=None):
+        """A StridedView of `value`: its own if it has one, else a new ComputedBuffer."""
+        if value.view is not None and layout is None:
+            return value
+        layout = layout or ir.Layout(value.sizes, ir.contiguous_strides(value.sizes), value.dtype)
+        buf = self.add_buffer(ir.ComputedBuffer(self.new_name(), layout, ir.Pointwise(value.sizes, value.loader)))
+        return ir.view_value(buf.name, layout)
+
+    def reduction(self, sizes, reduction_sizes, reduction_type, inner_fn, dtype):
+        """Realize a reduction into a contiguous buffer of `sizes`; returns its value."""
+        layout = ir.Layout(tuple(sizes), ir.contiguous_strides(sizes), dtype)
+        buf = self.add_buffer(ir.ComputedBuffer(
+            self.new_name(), layout, ir.Reduction(tuple(sizes), tuple(reduction_sizes), reduction_type, inner_fn)))
+        return ir.view_value(buf.name, layout)
+
+    # ---- the walk ------------------------------------------------------------------------
+    def run(self):
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for position, (node, example) in enumerate(zip(placeholders, self.example_inputs)):
+            if isinstance(example, torch.Tensor):
+                buf = self.add_buffer(ir.InputBuffer(f"arg{position}", sym_layout(example), position))
+                self.env[node] = ir.view_value(buf.name, buf.layout)
+            else:
+                self.env[node] = example
+        for node in self.gm.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(self.gm, node.target)
+                buf = self.add_buffer(ir.ConstantBuffer(f"const{len(self.buffers)}", sym_layout(value), value))
+                self.env[node] = ir.view_value(buf.name, buf.layout)
+            elif node.op == "call_function":
+                self.env[node] = self.lower_node(node)
+                self.maybe_realize_shared(node)
+            elif node.op == "output":
+                self.lower_outputs(node)
+        return self
+
+    def lower_node(self, node):
+        if node.target is operator.getitem:
+            return self.env[node.args[0]][node.args[1]]
+        args, kwargs = pytree.tree_map(self.lookup, (node.args, node.kwargs))
+        lowering = LOWERINGS.get(node.target)
+        if lowering is not None and not self.must_fall_back(node):
+            self.current_node = node
+            try:
+                return lowering(self, *args, **kwargs)
+            except Fallback as why:
+                log("perf_hints", "%s: lowering declined (%s), calling aten", node.target, why)
+        return self.extern(node, args, kwargs)
+
+    def must_fall_back(self, node):
+        # random ops run through aten: correct distributions, and bit-identical to eager under a seed
+        return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+
+    def lookup(self, a):
+        return self.env[a] if isinstance(a, torch.fx.Node) else a
+
+    def out_meta(self):
+        """The fake tensor(s) the current node produced at trace time."""
+        return self.current_node.meta["val"]
+
+    def maybe_realize_shared(self, node):
+        value = self.env[node]
+        if not isinstance(value, ir.TensorValue) or value.view is not None:
+            return
+        ops = value.loader(tuple(sympy.Symbol(f"i{k}", integer=True, nonnegative=True)
+                                 for k in range(value.ndim))).op_count()
+        if ops > REALIZE_MAX_OPS or (len(node.users) > 1 and ops > REALIZE_SHARED_OPS):
+            self.env[node] = self.realize(value)
+
+    # ---- externs -------------------------------------------------------------------------
+    def extern(self, node, args, kwargs):
+        """Call aten for `node`; tensor arguments are realized, results become ExternBuffers."""
+        log("perf_hints", "no kiln lowering for %s: calling aten", node.target)
+        self.fallbacks.append(str(node.target))
+
+        def as_arg(a):
+            if isinstance(a, ir.TensorValue):
+                view = self.realize(a).view
+                own = self.buffer_by_name[view.name].layout
+                return ir.BufferArg(view.name, None if view.layout == own else view.layout)
+            return a
+
+        call_args, call_kwargs = pytree.tree_map(as_arg, (args, kwargs),
+                                                 is_leaf=lambda a: isinstance(a, ir.TensorValue))
+        name = f"extern{len(self.buffers)}"
+        call = ir.ExternCall(name, node.target, call_args, call_kwargs, None)
+
+        def as_output(meta):
+            if not isinstance(meta, torch.Tensor):
+                return None
+            buf = self.add_buffer(ir.ExternBuffer(self.new_name(), sym_layout(meta), call))
+            return buf.name
+
+        call.outputs = pytree.tree_map(as_output, node.meta["val"])
+        if call.outputs is None or not pytree.tree_leaves(call.outputs):
+            # no tensor results (or only None): still run it (it may have effects), keep a marker
+            self.add_buffer(ir.ExternBuffer(name, ir.Layout((), (), torch.float32), call))
+        return pytree.tree_map(lambda b: None if b is None else ir.view_value(b, self.buffer_by_name[b].layout),
+                               call.outputs)
+
+    # ---- outputs -------------------------------------------------------------------------
+    def lower_outputs(self, node):
+        for out in node.args[0]:
+            value = self.lookup(out)
+            if not isinstance(value, ir.TensorValue):
+                self.outputs.append(("value", value))
+                continue
+            meta = out.meta["val"]
+            layout = sym_layout(meta)
+            if value.view is not None and value.view.layout == layout:
+                self.outputs.append(("buffer", value.view.name, None))
+            elif value.view is not None and isinstance(self.buffer_by_name[value.view.name],
+                                                       (ir.InputBuffer, ir.ExternBuffer, ir.ConstantBuffer)):
+                # a view of an input or aten result: return the view itself, as eager does
+                self.outputs.append(("buffer", value.view.name, value.view.layout))
+            else:
+                self.outputs.append(("buffer", self.realize(value, layout).view.name, None))

@@ -1,0 +1,889 @@
+"""aten op -> TensorValue lowerings, registered in `LOWERINGS`.
+
+A lowering receives the lowering context (see `LoweringContext`), then the node's arguments with
+tensors replaced by TensorValues. Result sizes and dtypes come from the node's fake tensor
+(`ctx.out_meta()`), which is eager's own answer, so promotion and broadcasting match eager by
+construction. A lowering that meets a case it does not handle raises `Fallback`; the op then
+runs through aten.
+"""
+import math
+
+import sympy
+import torch
+
+from kiln.compiler import ir
+from kiln.compiler.ir import Expr, TensorValue, cast, const, index_expr
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+LOWERINGS = {}
+ZERO, ONE = sympy.Integer(0), sympy.Integer(1)
+
+
+class Fallback(Exception):
+    """A lowering declines this case: the op runs through aten instead."""
+
+
+class LoweringContext:
+    """What lowerings may ask of the graph being lowered (GraphLowering implements it)."""
+
+    def realize(self, value, layout=None):
+        raise NotImplementedError
+
+    def reduction(self, sizes, reduction_sizes, reduction_type, inner_fn, dtype):
+        raise NotImplementedError
+
+    def out_meta(self):
+        raise NotImplementedError
+
+
+def register(*ops):
+    def decorate(fn):
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    if "out" not in name:
+                        LOWERINGS[getattr(op, name)] = fn
+            else:
+                LOWERINGS[op] = fn
+        return fn
+    return decorate
+
+
+def out_sizes(ctx):
+    meta = ctx.out_meta()
+    return tuple(sympy.Integer(int(s)) for s in meta.shape)
+
+
+def calc_dtype(dtype):
+    """Halves are computed in float."""
+    return torch.float32 if dtype in ir.HALF_DTYPES else dtype
+
+
+def promoted(a, b):
+    """eager's result dtype for a binary op on a and b (TensorValues or Python scalars)."""
+    def rep(x):
+        if isinstance(x, TensorValue):
+            return torch.empty((1,) * min(x.ndim, 1), dtype=x.dtype, device="meta")
+        return x
+    return torch.result_type(rep(a), rep(b))
+
+
+def broadcast(x, sizes, dtype):
+    """index -> Expr of `x` (TensorValue or scalar) broadcast to `sizes`, converted to `dtype`."""
+    if not isinstance(x, TensorValue):
+        value = const(x, dtype)
+        return lambda idx: value
+    n, k = len(sizes), x.ndim
+
+    def load(idx):
+        sub = tuple(ZERO if (s == 1 and o != 1) else i for i, s, o in zip(idx[n - k:], x.sizes, sizes[n - k:]))
+        return cast(x.loader(sub), dtype)
+    return load
+
+
+def pointwise(ctx, fn, *args, compute=None):
+    """The elementwise `fn` over broadcast args: args are converted to `compute` (default: the
+    result dtype, halves in float), fn builds the Expr, the result is converted to the out dtype."""
+    meta = ctx.out_meta()
+    dtype, sizes = meta.dtype, out_sizes(ctx)
+    compute = calc_dtype(compute or dtype)
+    loaders = [broadcast(a, sizes, compute) for a in args]
+    return TensorValue(sizes, dtype, lambda idx: cast(fn(*(l(idx) for l in loaders)), dtype))
+
+
+def op(name, *args, dtype=None):
+    return Expr(name, args, dtype or args[0].dtype)
+
+
+def check_real(*values):
+    for v in values:
+        if isinstance(v, TensorValue) and (v.dtype.is_complex or v.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)):
+            raise Fallback("complex or float8")
+        if isinstance(v, complex):
+            raise Fallback("complex scalar")
+
+
+# ---- elementwise math ----------------------------------------------------------------------
+
+UNARY = {
+    aten.abs: "abs", aten.neg: "neg", aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1",
+    aten.log: "log", aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p", aten.sqrt: "sqrt",
+    aten.rsqrt: "rsqrt", aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.asin: "asin",
+    aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh",
+    aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc",
+    aten.sigmoid: "sigmoid", aten.reciprocal: "reciprocal", aten.floor: "floor", aten.ceil: "ceil",
+    aten.round.default: "round", aten.trunc: "trunc", aten.relu: "relu", aten.bitwise_not: "bitwise_not",
+    aten.sign: "sign", aten.lgamma: "lgamma",
+}
+
+# ops that are the identity on integer inputs
+INTEGER_IDENTITY = {"floor", "ceil", "round", "trunc"}
+
+
+def _unary(name):
+    def lower(ctx, x):
+        check_real(x)
+        if name in INTEGER_IDENTITY and not x.dtype.is_floating_point:
+            return x
+        if name == "bitwise_not" and x.dtype == torch.bool:
+            return pointwise(ctx, lambda a: op("logical_not", a), x)
+        if name == "sign" and x.dtype == torch.bool:
+            return x
+        return pointwise(ctx, lambda a: op(name, a), x)
+    return lower
+
+
+for _target, _name in UNARY.items():
+    register(_target)(_unary(_name))
+
+
+@register(aten.silu)
+def silu(ctx, x):
+    check_real(x)
+    return pointwise(ctx, lambda a: op("mul", a, op("sigmoid", a)), x)
+
+
+@register(aten.gelu)
+def gelu(ctx, x, approximate="none"):
+    check_real(x)
+
+    def fn(a):
+        half = const(0.5, a.dtype)
+        if approximate == "tanh":
+            inner = op("mul", const(math.sqrt(2 / math.pi), a.dtype),
+                       op("add", a, op("mul", const(0.044715, a.dtype), op("mul", a, op("mul", a, a)))))
+            return op("mul", op("mul", half, a), op("add", const(1.0, a.dtype), op("tanh", inner)))
+        erf = op("erf", op("mul", a, const(math.sqrt(0.5), a.dtype)))
+        return op("mul", op("mul", a, half), op("add", const(1.0, a.dtype), erf))
+    return pointwise(ctx, fn, x)
+
+
+@register(aten.isnan)
+def isnan(ctx, x):
+    check_real(x)
+    if not x.dtype.is_floating_point:
+        return pointwise(ctx, lambda a: const(False, torch.bool), x)
+    return pointwise(ctx, lambda a: op("isnan", a, dtype=torch.bool), x, compute=x.dtype)
+
+
+@register(aten.isinf)
+def isinf(ctx, x):
+    check_real(x)
+    if not x.dtype.is_floating_point:
+        return pointwise(ctx, lambda a: const(False, torch.bool), x)
+    return pointwise(ctx, lambda a: op("isinf", a, dtype=torch.bool), x, compute=x.dtype)
+
+
+@register(aten.logical_not)
+def logical_not(ctx, x):
+    check_real(x)
+    return pointwise(ctx, lambda a: op("logical_not", a, dtype=torch.bool), x, compute=torch.bool)
+
+
+def _with_alpha(name):
+    def lower(ctx, a, b, alpha=None):
+        check_real(a, b)
+        if alpha is not None and alpha != 1:
+            return pointwise(ctx, lambda x, y: op(name, x, op("mul", y, const(alpha, y.dtype))), a, b)
+        return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
+    return lower
+
+
+register(aten.add.Tensor, aten.add.Scalar)(_with_alpha("add"))
+register(aten.sub.Tensor, aten.sub.Scalar)(_with_alpha("sub"))
+
+
+@register(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(ctx, a, b, alpha=1):
+    return _with_alpha("sub")(ctx, b, a, alpha)
+
+
+BINARY = {
+    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul",
+    aten.maximum: "maximum", aten.minimum: "minimum", aten.atan2: "atan2",
+    aten.bitwise_and.Tensor: "bitwise_and", aten.bitwise_or.Tensor: "bitwise_or",
+    aten.bitwise_xor.Tensor: "bitwise_xor", aten.bitwise_and.Scalar: "bitwise_and",
+    aten.bitwise_or.Scalar: "bitwise_or", aten.bitwise_xor.Scalar: "bitwise_xor",
+    aten.remainder.Tensor: "remainder", aten.remainder.Scalar: "remainder",
+    aten.fmod.Tensor: "fmod", aten.fmod.Scalar: "fmod",
+    aten.floor_divide.default: "floordiv", aten.floor_divide.Scalar: "floordiv",
+}
+
+
+def _binary(name):
+    def lower(ctx, a, b):
+        check_real(a, b)
+        return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
+    return lower
+
+
+for _target, _name in BINARY.items():
+    register(_target)(_binary(_name))
+
+
+@register(aten.div.Tensor, aten.div.Scalar)
+def div(ctx, a, b):
+    check_real(a, b)
+    return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
+
+
+@register(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(ctx, a, b, rounding_mode=None):
+    check_real(a, b)
+    dtype = ctx.out_meta().dtype
+    if rounding_mode is None:
+        return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
+    if rounding_mode == "floor":
+        return pointwise(ctx, lambda x, y: op("floordiv", x, y), a, b)
+    if dtype.is_floating_point:
+        return pointwise(ctx, lambda x, y: op("trunc", op("truediv", x, y)), a, b)
+    return pointwise(ctx, lambda x, y: op("truncdiv", x, y), a, b)
+
+
+@register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(ctx, a, b):
+    check_real(a, b)
+    dtype = ctx.out_meta().dtype
+    if not dtype.is_floating_point:
+        if isinstance(b, TensorValue) or b < 0:
+            raise Fallback("integer pow with tensor or negative exponent")
+        return pointwise(ctx, lambda x, y: op("ipow", x, y), a, b)
+    if not isinstance(b, TensorValue) and b == 2:
+        return pointwise(ctx, lambda x: op("mul", x, x), a)
+    if not isinstance(b, TensorValue) and b == 0.5:
+        return pointwise(ctx, lambda x: op("sqrt", x), a)
+    return pointwise(ctx, lambda x, y: op("pow", x, y), a, b)
+
+
+COMPARISONS = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
+LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or", aten.logical_xor: "logical_xor"}
+
+
+def _comparison(name, logical=False):
+    def lower(ctx, a, b):
+        check_real(a, b)
+        compute = torch.bool if logical else promoted(a, b)
+        return pointwise(ctx, lambda x, y: op(name, x, y, dtype=torch.bool), a, b, compute=compute)
+    return lower
+
+
+for _target, _name in COMPARISONS.items():
+    register(_target)(_comparison(_name))
+for _target, _name in LOGICAL.items():
+    register(_target)(_comparison(_name, logical=True))
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(ctx, cond, a, b):
+    check_real(a, b)
+    sizes, dtype = out_sizes(ctx), ctx.out_meta().dtype
+    c = broadcast(cond, sizes, torch.bool)
+    x, y = broadcast(a, sizes, calc_dtype(dtype)), broadcast(b, sizes, calc_dtype(dtype))
+    return TensorValue(sizes, dtype, lambda idx: cast(op("where", c(idx), x(idx), y(idx)), dtype))
+
+
+@register(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+          aten.clamp_min.Tensor, aten.clamp_max.Tensor)
+def clamp(ctx, x, lo=None, hi=None):
+    check_real(x, lo, hi)
+    target = ctx.current_node.target
+    if target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        lo, hi = None, lo
+    args = [a for a in (x, lo, hi) if a is not None]
+
+    def fn(v, *bounds):
+        bounds = list(bounds)
+        if lo is not None:
+            v = op("maximum", v, bounds.pop(0))
+        if hi is not None:
+            v = op("minimum", v, bounds.pop(0))
+        return v
+    return pointwise(ctx, fn, *args)
+
+
+@register(aten.hardtanh)
+def hardtanh(ctx, x, lo=-1.0, hi=1.0):
+    check_real(x)
+    return pointwise(ctx, lambda v: op("minimum", op("maximum", v, const(lo, v.dtype)), const(hi, v.dtype)), x)
+
+
+# ---- copies, casts, constants -----------------------------------------------------------------
+
+@register(aten._to_copy.default)
+def to_copy(ctx, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    meta = ctx.out_meta()
+    if meta.device.type != "cpu" or x.dtype.is_complex or meta.dtype.is_complex:
+        raise Fallback("not a CPU real dtype conversion")
+    return pointwise(ctx, lambda a: a, x, compute=x.dtype)
+
+
+@register(prims.convert_element_type.default)
+def convert_element_type(ctx, x, dtype):
+    check_real(x)
+    return pointwise(ctx, lambda a: a, x, compute=x.dtype)
+
+
+@register(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
+def identity(ctx, x, memory_format=None):
+    return x
+
+
+@register(aten.full.default, aten.scalar_tensor.default)
+def full(ctx, size_or_value, fill_value=None, **kwargs):
+    value = size_or_value if fill_value is None else fill_value
+    meta = ctx.out_meta()
+    if meta.dtype.is_complex or isinstance(value, complex):
+        raise Fallback("complex constant")
+    v = cast(const(value, calc_dtype(meta.dtype) if not isinstance(value, bool) else torch.bool), meta.dtype)
+    return TensorValue(out_sizes(ctx), meta.dtype, lambda idx: v)
+
+
+@register(aten.full_like.default)
+def full_like(ctx, x, fill_value, **kwargs):
+    return full(ctx, None, fill_value)
+
+
+@register(aten.zeros_like.default, aten.ones_like.default)
+def zeros_ones_like(ctx, x, **kwargs):
+    return full(ctx, None, 1 if ctx.current_node.target == aten.ones_like.default else 0)
+
+
+@register(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def arange(ctx, *args, **kwargs):
+    numbers = [a for a in args if isinstance(a, (int, float))]
+    start, step = 0, 1
+    if len(numbers) >= 2:
+        start = numbers[0]
+    if len(numbers) == 3:
+        step = numbers[2]
+    dtype = ctx.out_meta().dtype
+    if dtype.is_complex:
+        raise Fallback("complex arange")
+
+    def fn(idx):
+        i = index_expr(idx[0], torch.float64 if dtype.is_floating_point else torch.int64)
+        return cast(op("add", const(start, i.dtype), op("mul", i, const(step, i.dtype))), dtype)
+    return TensorValue(out_sizes(ctx), dtype, fn)
+
+
+# ---- views: index maps (strided views of buffers stay strided views) --------------------------
+
+def view_map(x, sizes, index_map):
+    """The view of `x` with `sizes` whose element idx is x's element index_map(idx)."""
+    sizes = tuple(sympy.Integer(s) if isinstance(s, int) else s for s in sizes)
+    if x.view is not None:
+        syms = [sympy.Symbol(f"v{k}", integer=True, nonnegative=True) for k in range(len(sizes))]
+        flat = sympy.expand(x.view.layout.index(index_map(syms)))
+        poly = flat.as_poly(*syms) if syms else None
+        if not syms or (poly is not None and poly.total_degree() <= 1):
+            strides = tuple(flat.coeff(s) if sz != 1 else sympy.Integer(0) for s, sz in zip(syms, sizes))
+            offset = flat.subs({s: 0 for s in syms})
+            if all(st.is_number for st in strides) and offset.is_number:
+                layout = ir.Layout(sizes, strides, x.dtype, offset)
+                return ir.view_value(x.view.name, layout)
+    return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
+
+
+def norm_dim(d, ndim):
+    return d + max(ndim, 1) if d < 0 else d
+
+
+@register(aten.permute.default, aten.permute_copy.default)
+def permute(ctx, x, dims):
+    dims = [norm_dim(d, x.ndim) for d in dims]
+    inverse = [dims.index(k) for k in range(x.ndim)]
+    return view_map(x, [x.sizes[d] for d in dims], lambda idx: [idx[inverse[k]] for k in range(x.ndim)])
+
+
+@register(aten.t.default, aten.transpose.int)
+def transpose(ctx, x, d0=0, d1=1):
+    if x.ndim < 2:
+        return x
+    dims = list(range(x.ndim))
+    d0, d1 = norm_dim(d0, x.ndim), norm_dim(d1, x.ndim)
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(ctx, x, dims)
+
+
+@register(aten.expand.default, aten.expand_copy.default)
+def expand(ctx, x, sizes, implicit=False):
+    sizes = out_sizes(ctx)
+    n, k = len(sizes), x.ndim
+    return view_map(x, sizes, lambda idx: [ZERO if (s == 1 and o != 1) else i
+                                           for i, s, o in zip(idx[n - k:], x.sizes, sizes[n - k:])])
+
+
+@register(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+def unsqueeze(ctx, x, dim):
+    dim = norm_dim(dim, x.ndim + 1)
+    sizes = list(x.sizes)
+    sizes.insert(dim, ONE)
+    return view_map(x, sizes, lambda idx: list(idx[:dim]) + list(idx[dim + 1:]))
+
+
+@register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze_copy.dim,
+          aten.squeeze_copy.dims, aten.squeeze_copy.default)
+def squeeze(ctx, x, dims=None):
+    if dims is None:
+        dims = range(x.ndim)
+    elif isinstance(dims, int):
+        dims = [dims]
+    drop = {norm_dim(d, x.ndim) for d in dims if x.ndim and x.sizes[norm_dim(d, x.ndim)] == 1}
+    keep = [d for d in range(x.ndim) if d not in drop]
+
+    def index_map(idx):
+        it = iter(idx)
+        return [ZERO if d in drop else next(it) for d in range(x.ndim)]
+    return view_map(x, [x.sizes[d] for d in keep], index_map)
+
+
+@register(aten.select.int, aten.select_copy.int)
+def select(ctx, x, dim, index):
+    dim = norm_dim(dim, x.ndim)
+    index = index + int(x.sizes[dim]) if index < 0 else index
+    return view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
+                    lambda idx: list(idx[:dim]) + [sympy.Integer(index)] + list(idx[dim:]))
+
+
+@register(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(ctx, x, dim=0, start=None, end=None, step=1):
+    dim = norm_dim(dim, x.ndim)
+    size = int(x.sizes[dim])
+    start, end, step = slice(start, end, step).indices(size)
+    length = int(ctx.out_meta().shape[dim])
+    sizes = list(x.sizes)
+    sizes[dim] = sympy.Integer(length)
+    return view_map(x, sizes, lambda idx: list(idx[:dim]) + [start + idx[dim] * step] + list(idx[dim + 1:]))
+
+
+@register(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor,
+          aten.split_with_sizes_copy.default)
+def split(ctx, x, split_size, dim=0):
+    dim = norm_dim(dim, x.ndim)
+    metas = ctx.out_meta()
+    outs, start = [], 0
+    for m in metas:
+        length = int(m.shape[dim])
+        sizes = list(x.sizes)
+        sizes[dim] = sympy.Integer(length)
+        outs.append(view_map(x, sizes, lambda idx, s=start: list(idx[:dim]) + [s + idx[dim]] + list(idx[dim + 1:])))
+        start += length
+    return outs
+
+
+@register(aten.unbind.int, aten.unbind_copy.int)
+def unbind(ctx, x, dim=0):
+    dim = norm_dim(dim, x.ndim)
+    return [view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
+                     lambda idx, i=i: list(idx[:dim]) + [sympy.Integer(i)] + list(idx[dim:]))
+            for i in range(int(x.sizes[dim]))]
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
+          aten._reshape_alias.default)
+def view(ctx, x, sizes, *unused):
+    sizes = out_sizes(ctx)
+    if x.view is not None:
+        strides = view_strides(x.view.layout, sizes)
+        if strides is not None:
+            return ir.view_value(x.view.name, ir.Layout(sizes, strides, x.dtype, x.view.layout.offset))
+    index_map = split_only_map(x.sizes, sizes)
+    if index_map is not None:
+        return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
+    # merging dims of a computed value would need div/mod per element: compute it once instead
+    base = ctx.realize(x)
+    return view(ctx, base, sizes)
+
+
+def view_strides(layout, new_sizes):
+    """Strides that view `layout` as `new_sizes` without a copy, or None (as torch's view)."""
+    old = [(s, st) for s, st in zip(layout.sizes, layout.strides) if s != 1]
+    new_strides = [None] * len(new_sizes)
+    oi, ni = 0, 0
+    new_nontrivial = [k for k, s in enumerate(new_sizes) if s != 1]
+    for k, s in enumerate(new_sizes):
+        if s == 1:
+            new_strides[k] = ONE
+    # walk groups: a run of old dims that is contiguous within itself maps to a run of new dims
+    while oi < len(old) or ni < len(new_nontrivial):
+        if oi >= len(old) or ni >= len(new_nontrivial):
+            return None
+        group_old, numel_old = [old[oi]], old[oi][0]
+        oi += 1
+        group_new, numel_new = [new_nontrivial[ni]], new_sizes[new_nontrivial[ni]]
+        ni += 1
+        while numel_old != numel_new:
+            if numel_old < numel_new:
+                if oi >= len(old):
+                    return None
+                group_old.append(old[oi])
+                numel_old *= old[oi][0]
+                oi += 1
+            else:
+                if ni >= len(new_nontrivial):
+                    return None
+                group_new.append(new_nontrivial[ni])
+                numel_new *= new_sizes[new_nontrivial[ni]]
+                ni += 1
+        for (s0, st0), (s1, st1) in zip(group_old, group_old[1:]):
+            if st0 != st1 * s1:
+                return None
+        stride = group_old[-1][1]
+        for k in reversed(group_new):
+            new_strides[k] = stride
+            stride = stride * new_sizes[k]
+    if any(s == 0 for s in new_sizes):
+        return ir.contiguous_strides(new_sizes)
+    return tuple(new_strides)
+
+
+def split_only_map(old_sizes, new_sizes):
+    """index map old <- new when the reshape only splits old dims (or adds/drops size-1 dims)."""
+    old = [k for k, s in enumerate(old_sizes) if s != 1]
+    new = [k for k, s in enumerate(new_sizes) if s != 1]
+    groups, ni = [], 0
+    for k in old:
+        group, numel = [], ONE
+        while numel != old_sizes[k]:
+            if ni >= len(new) or numel * new_sizes[new[ni]] > old_sizes[k]:
+                return None
+            group.append(new[ni])
+            numel = numel * new_sizes[new[ni]]
+            ni += 1
+        groups.append((k, group))
+    if ni != len(new):
+        return None
+
+    def index_map(idx):
+        out = [ZERO] * len(old_sizes)
+        for k, group in groups:
+            flat, stride = ZERO, ONE
+            for d in reversed(group):
+                flat = flat + idx[d] * stride
+                stride = stride * new_sizes[d]
+            out[k] = flat
+        return out
+    return index_map
+
+
+# ---- reductions -----------------------------------------------------------------------------
+
+def reduce_dims(x, dims):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(x.ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({norm_dim(d, x.ndim) for d in dims})
+
+
+def reduction(ctx, x, dims, keepdim, reduction_type, dtype, value_fn=None, acc_dtype=None):
+    """Reduce `x` over `dims`; value_fn(value, full_index) -> the Expr reduced (default: x)."""
+    out_dims = [d for d in range(x.ndim) if d not in dims]
+    sizes = [ONE if d in dims else x.sizes[d] for d in range(x.ndim)] if keepdim else [x.sizes[d] for d in out_dims]
+    reduction_sizes = [x.sizes[d] for d in dims]
+    acc_dtype = acc_dtype or calc_dtype(dtype)
+
+    def inner(idx, ridx):
+        full, it, rit = [], iter(idx), iter(ridx)
+        for d in range(x.ndim):
+            if d in dims:
+                full.append(next(rit))
+                if keepdim:
+                    next(it)
+            else:
+                full.append(next(it))
+        value = x.loader(tuple(full))
+        value = value_fn(value, full) if value_fn else value
+        return value if reduction_type in ("argmax", "argmin") else cast(value, acc_dtype)
+    return ctx.reduction(sizes, reduction_sizes, reduction_type, inner, dtype)
+
+
+def keepdim_index(full, dims):
+    return tuple(ZERO if d in dims else i for d, i in enumerate(full))
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def sum_(ctx, x, dims=None, keepdim=False, dtype=None):
+    check_real(x)
+    out_dtype = ctx.out_meta().dtype
+    return reduction(ctx, x, reduce_dims(x, dims), keepdim, "sum", out_dtype)
+
+
+@register(aten.prod.default, aten.prod.dim_int)
+def prod(ctx, x, dim=None, keepdim=False, dtype=None):
+    check_real(x)
+    if isinstance(dim, torch.dtype):
+        dim, dtype = None, dim
+    return reduction(ctx, x, reduce_dims(x, dim), keepdim, "prod", ctx.out_meta().dtype)
+
+
+def divide_by(ctx, total, n, dtype):
+    """total / n as a lazy value of `dtype`."""
+    return TensorValue(total.sizes, dtype,
+                       lambda idx: cast(op("truediv", cast(total.loader(idx), calc_dtype(dtype)),
+                                           const(float(n), calc_dtype(dtype))), dtype))
+
+
+@register(aten.mean.dim, aten.mean.default)
+def mean(ctx, x, dims=None, keepdim=False, dtype=None):
+    check_real(x)
+    out_dtype = ctx.out_meta().dtype
+    dims = reduce_dims(x, dims)
+    total = reduction(ctx, x, dims, keepdim, "sum", calc_dtype(out_dtype), acc_dtype=calc_dtype(out_dtype))
+    return divide_by(ctx, total, ir.sympy_product(x.sizes[d] for d in dims), out_dtype)
+
+
+@register(aten.amax, aten.amin)
+def amax(ctx, x, dims=(), keepdim=False):
+    check_real(x)
+    kind = "max" if ctx.current_node.target == aten.amax.default else "min"
+    return reduction(ctx, x, reduce_dims(x, dims), keepdim, kind, x.dtype)
+
+
+@register(aten.max.default, aten.min.default)
+def max_all(ctx, x):
+    check_real(x)
+    kind = "max" if ctx.current_node.target == aten.max.default else "min"
+    return reduction(ctx, x, list(range(x.ndim)), False, kind, x.dtype)
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def argmax(ctx, x, dim=None, keepdim=False):
+    check_real(x)
+    kind = "argmax" if ctx.current_node.target == aten.argmax.default else "argmin"
+    if dim is None and keepdim:
+        raise Fallback("argmax over all dims with keepdim")
+    return reduction(ctx, x, reduce_dims(x, dim), keepdim, kind, torch.int64)
+
+
+@register(aten.max.dim, aten.min.dim)
+def max_dim(ctx, x, dim, keepdim=False):
+    check_real(x)
+    is_max = ctx.current_node.target == aten.max.dim
+    dims = reduce_dims(x, dim)
+    values = reduction(ctx, x, dims, keepdim, "max" if is_max else "min", x.dtype)
+    indices = reduction(ctx, x, dims, keepdim, "argmax" if is_max else "argmin", torch.int64)
+    return values, indices
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def any_all(ctx, x, dims=None, keepdim=False):
+    check_real(x)
+    kind = "any" if ctx.current_node.target in (aten.any.default, aten.any.dim, aten.any.dims) else "all"
+    out_dtype = ctx.out_meta().dtype
+    total = reduction(ctx, x, reduce_dims(x, dims), keepdim, kind, torch.bool, acc_dtype=torch.bool)
+    return total if out_dtype == torch.bool else TensorValue(total.sizes, out_dtype,
+                                                             lambda idx: cast(total.loader(idx), out_dtype))
+
+
+def var_and_mean(ctx, x, dims, correction, keepdim, dtype):
+    """Two-pass variance (numerically stable): mean first, then the mean of squared deviations."""
+    compute = calc_dtype(dtype)
+    n = ir.sympy_product(x.sizes[d] for d in dims)
+    mean_kept = divide_by(ctx, reduction(ctx, x, dims, True, "sum", compute), n, compute)
+
+    def squared_deviation(value, full):
+        dev = op("sub", cast(value, compute), mean_kept.loader(keepdim_index(full, dims)))
+        return op("mul", dev, dev)
+    sq = reduction(ctx, x, dims, keepdim, "sum", compute, value_fn=squared_deviation)
+    denominator = max(float(n) - correction, 0.0)
+    var = TensorValue(sq.sizes, dtype, lambda idx: cast(op("truediv", sq.loader(idx), const(denominator, compute)), dtype))
+    if keepdim:
+        mean_out = mean_kept
+    else:
+        mean_out = squeeze(ctx, mean_kept, dims) if dims else mean_kept
+    return var, TensorValue(mean_out.sizes, dtype, lambda idx: cast(mean_out.loader(idx), dtype)), mean_kept
+
+
+def correction_of(correction, unbiased=None):
+    if correction is None:
+        return 1 if unbiased is None or unbiased else 0
+    return correction
+
+
+@register(aten.var.correction)
+def var(ctx, x, dims=None, correction=None, keepdim=False):
+    check_real(x)
+    if not x.dtype.is_floating_point:
+        raise Fallback("var of integers")
+    return var_and_mean(ctx, x, reduce_dims(x, dims), correction_of(correction), keepdim, ctx.out_meta().dtype)[0]
+
+
+@register(aten.std.correction)
+def std(ctx, x, dims=None, correction=None, keepdim=False):
+    v = var(ctx, x, dims, correction, keepdim)
+    return TensorValue(v.sizes, v.dtype, lambda idx: cast(op("sqrt", cast(v.loader(idx), calc_dtype(v.dtype))), v.dtype))
+
+
+@register(aten.var_mean.correction)
+def var_mean(ctx, x, dims=None, correction=None, keepdim=False):
+    check_real(x)
+    if not x.dtype.is_floating_point:
+        raise Fallback("var of integers")
+    v, m, _ = var_and_mean(ctx, x, reduce_dims(x, dims), correction_of(correction), keepdim, ctx.out_meta()[0].dtype)
+    return v, m
+
+
+@register(aten._softmax.default, aten._log_softmax.default)
+def softmax(ctx, x, dim, half_to_float=False):
+    check_real(x)
+    dtype = ctx.out_meta().dtype
+    compute = calc_dtype(dtype)
+    dims = reduce_dims(x, dim)
+    xs = TensorValue(x.sizes, compute, lambda idx: cast(x.loader(idx), compute))
+    peak = reduction(ctx, xs, dims, True, "max", compute)
+
+    def shifted(idx):
+        return op("sub", xs.loader(idx), peak.loader(keepdim_index(idx, dims)))
+    total = reduction(ctx, TensorValue(x.sizes, compute, lambda idx: op("exp", shifted(idx))), dims, True, "sum", compute)
+    if ctx.current_node.target == aten._log_softmax.default:
+        fn = lambda idx: op("sub", shifted(idx), op("log", total.loader(keepdim_index(idx, dims))))  # noqa: E731
+    else:
+        fn = lambda idx: op("truediv", op("exp", shifted(idx)), total.loader(keepdim_index(idx, dims)))  # noqa: E731
+    return TensorValue(x.sizes, dtype, lambda idx: cast(fn(idx), dtype))
+
+
+@register(aten.native_layer_norm.default)
+def native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    check_real(x)
+    metas = ctx.out_meta()
+    dtype, stat_dtype = metas[0].dtype, metas[1].dtype
+    compute = calc_dtype(dtype)
+    dims = list(range(x.ndim - len(normalized_shape), x.ndim))
+    var_v, _, mean_kept = var_and_mean(ctx, x, dims, 0, True, compute)
+    rstd = TensorValue(var_v.sizes, compute, lambda idx: op("rsqrt", op("add", var_v.loader(idx), const(eps, compute))))
+    first = x.ndim - len(normalized_shape)
+
+    def fn(idx):
+        stat_idx = keepdim_index(idx, dims)
+        y = op("mul", op("sub", cast(x.loader(idx), compute), mean_kept.loader(stat_idx)), rstd.loader(stat_idx))
+        if weight is not None:
+            y = op("mul", y, cast(weight.loader(idx[first:]), compute))
+        if bias is not None:
+            y = op("add", y, cast(bias.loader(idx[first:]), compute))
+        return cast(y, dtype)
+    out = TensorValue(x.sizes, dtype, fn)
+    stats = [TensorValue(v.sizes, stat_dtype, lambda idx, v=v: cast(v.loader(idx), stat_dtype)) for v in (mean_kept, rstd)]
+    return (out, *stats)
+
+
+# ---- cat, padding, gathers --------------------------------------------------------------------
+
+def in_bounds(sym, lo, hi):
+    """Expr: lo <= sym < hi, for a sympy index."""
+    i = index_expr(sym)
+    return op("logical_and", op("ge", i, const(int(lo), torch.int64), dtype=torch.bool),
+              op("lt", i, const(int(hi), torch.int64), dtype=torch.bool), dtype=torch.bool)
+
+
+def clamped(sym, size):
+    return sympy.Min(sympy.Max(sym, 0), size - 1)
+
+
+@register(aten.cat.default)
+def cat(ctx, tensors, dim=0):
+    check_real(*tensors)
+    sizes, dtype = out_sizes(ctx), ctx.out_meta().dtype
+    parts = [t for t in tensors if not (t.ndim == 1 and t.sizes[0] == 0)]
+    if not parts or len(parts) > 16:
+        raise Fallback("empty or very long cat")
+    dim = norm_dim(dim, len(sizes))
+    offsets, start = [], 0
+    for t in parts:
+        offsets.append(start)
+        start += int(t.sizes[dim])
+
+    def fn(idx):
+        # every branch loads at a clamped (in-bounds) index, so the select is branch-free and safe
+        result = None
+        for t, off in reversed(list(zip(parts, offsets))):
+            if int(t.sizes[dim]) == 0:
+                continue
+            local = list(idx)
+            local[dim] = clamped(idx[dim] - off, t.sizes[dim])
+            value = cast(t.loader(tuple(local)), calc_dtype(dtype))
+            if result is None:
+                result = value
+            else:
+                result = op("where", in_bounds(idx[dim], off, off + int(t.sizes[dim])), value, result)
+        return cast(result, dtype)
+    return TensorValue(sizes, dtype, fn)
+
+
+@register(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx, x, pad, value=0):
+    check_real(x)
+    sizes, dtype = out_sizes(ctx), x.dtype
+    if any(s == 0 for s in x.sizes):
+        raise Fallback("padding an empty tensor")
+    before = {x.ndim - 1 - k // 2: pad[k] for k in range(0, len(pad), 2)}
+
+    def fn(idx):
+        local, valid = list(idx), None
+        for d, b in before.items():
+            local[d] = clamped(idx[d] - b, x.sizes[d])
+            check = in_bounds(idx[d] - b, 0, x.sizes[d])
+            valid = check if valid is None else op("logical_and", valid, check, dtype=torch.bool)
+        loaded = cast(x.loader(tuple(local)), calc_dtype(dtype))
+        return cast(op("where", valid, loaded, const(value, calc_dtype(dtype))) if valid is not None else loaded, dtype)
+    return TensorValue(sizes, dtype, fn)
+
+
+def wrapped_index(value, size):
+    """An int64 index Expr with negative values counted from the end (as eager's indexing)."""
+    v = cast(value, torch.int64)
+    return op("where", op("lt", v, const(0, torch.int64), dtype=torch.bool), op("add", v, const(int(size), torch.int64)), v)
+
+
+@register(aten.embedding.default)
+def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    check_real(weight)
+    sizes = out_sizes(ctx)
+    k = indices.ndim
+
+    def fn(idx):
+        row = ir.indirect(cast(indices.loader(tuple(idx[:k])), torch.int64))
+        return weight.loader((row,) + tuple(idx[k:]))
+    return TensorValue(sizes, weight.dtype, fn)
+
+
+@register(aten.index_select.default)
+def index_select(ctx, x, dim, index):
+    check_real(x)
+    dim = norm_dim(dim, x.ndim)
+
+    def fn(idx):
+        pick = index.loader((idx[dim],) if index.ndim else ())
+        return x.loader(tuple(idx[:dim]) + (ir.indirect(cast(pick, torch.int64)),) + tuple(idx[dim + 1:]))
+    return TensorValue(out_sizes(ctx), x.dtype, fn)
+
+
+@register(aten.gather.default)
+def gather(ctx, x, dim, index, sparse_grad=False):
+    check_real(x)
+    dim = norm_dim(dim, x.ndim)
+    if x.ndim == 0 or index.ndim != x.ndim:
+        raise Fallback("gather on a 0-d tensor")
+
+    def fn(idx):
+        pick = ir.indirect(wrapped_index(index.loader(tuple(idx)), x.sizes[dim]))
+        return x.loader(tuple(idx[:dim]) + (pick,) + tuple(idx[dim + 1:]))
+    return TensorValue(out_sizes(ctx), x.dtype, fn)
+
+
+@register(aten.index.Tensor)
+def index(ctx, x, indices):
+    """Advanced indexing with one index tensor (x[:, idx]); other patterns go to aten."""
+    check_real(x)
+    used = [k for k, t in enumerate(indices) if t is not None]
+    if len(used) != 1 or indices[used[0]].dtype not in (torch.int64, torch.int32):
+        raise Fallback("advanced indexing with several or boolean index tensors")
+    dim, ind = used[0], indices[used[0]]
+
+    def fn(idx):
+        pick = ind.loader(tuple(idx[dim:dim + ind.ndim]))
+        row = ir.indirect(wrapped_index(pick, x.sizes[dim]))
+        return x.loader(tuple(idx[:dim]) + (row,) + tuple(idx[dim + ind.ndim:]))
+    return TensorValue(out_sizes(ctx), x.dtype, fn)

@@ -1,0 +1,134 @@
+"""The Python wrapper of a compiled graph: generated source, as little work per call as possible.
+
+Everything is decided at compile time; per call the wrapper allocates outputs (eager's strides)
+and one workspace, calls each native entry once with data pointers, calls aten for externs, and
+returns the outputs.
+"""
+import ctypes
+import math
+
+import torch
+import torch.utils._pytree as pytree
+
+from kiln.compiler import ir
+from kiln.compiler.schedule import Kernel
+
+
+def fix_layout(t, size, stride):
+    """An extern result with the layout kernels were compiled for (aten almost always agrees)."""
+    if t.stride() == stride or t.numel() <= 1:
+        return t
+    return torch.empty_strided(size, stride, dtype=t.dtype).copy_(t)
+
+
+class _Source:
+    def __init__(self):
+        self.lines, self.globals = [], {"torch": torch, "empty_strided": torch.empty_strided,
+                                        "fix_layout": fix_layout}
+
+    def line(self, text, indent=1):
+        self.lines.append("    " * indent + text)
+
+    def constant(self, value, hint):
+        name = f"{hint}{len(self.globals)}"
+        self.globals[name] = value
+        return name
+
+    def literal(self, value):
+        """Python source for a non-tensor extern argument."""
+        if value is None or isinstance(value, (bool, str, torch.dtype)):
+            return repr(value) if not isinstance(value, torch.dtype) else str(value)
+        if isinstance(value, int):
+            return repr(value)
+        if isinstance(value, float):
+            return repr(value) if math.isfinite(value) else f"float({repr(str(value))})"
+        if isinstance(value, (list, tuple)):
+            items = [self.literal(v) for v in value]
+            return f"[{', '.join(items)}]" if isinstance(value, list) else f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+        return self.constant(value, "c")
+
+
+def build(program, entries, lib, ws_size, num_inputs):
+    """Returns (callable(*inputs) -> tuple, the wrapper's source)."""
+    src = _Source()
+    storage, buffers = program.storage, program.buffers
+    inputs = [f"arg{i}" for i in range(num_inputs)]
+    src.lines.append(f"def kiln_graph({', '.join(inputs)}):")
+    for name, buf in buffers.items():
+        if isinstance(buf, ir.ConstantBuffer):
+            src.line(f"{name} = {src.constant(buf.value, 'attr')}")
+    if ws_size:
+        src.line(f"ws = torch.empty(({ws_size},), dtype=torch.uint8)")
+        src.line("ws_ptr = ws.data_ptr()")
+    entry_of = {id(e.kernels[0]): e for e in entries}
+    kernel_read = set()
+    for step in program.steps:
+        if isinstance(step, Kernel):
+            for n in step.nodes:
+                kernel_read |= n.reads
+    for step in program.steps:
+        if isinstance(step, Kernel):
+            entry = entry_of.get(id(step))
+            if entry is None:
+                continue  # a later kernel of an entry already called
+            for kernel in entry.kernels:
+                for n in kernel.nodes:
+                    if storage[n.name] in ("output", "tensor"):
+                        layout = n.layout
+                        src.line(f"{n.name} = empty_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
+                                 f"dtype={src.literal(layout.dtype)})")
+            fn = getattr(lib, entry.name)
+            fn.argtypes = [ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
+            fn.restype = None
+            call_args = [f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
+            src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
+        else:
+            _extern(src, step, buffers, kernel_read)
+    outs = []
+    for kind, value, *rest in program.outputs:
+        if kind == "value":
+            outs.append(src.literal(value))
+        elif rest and rest[0] is not None:
+            outs.append(_view(value, rest[0]))
+        else:
+            outs.append(value)
+    src.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    code = "\n".join(src.lines) + "\n"
+    scope = dict(src.globals)
+    exec(compile(code, "<kiln wrapper>", "exec"), scope)
+    return scope["kiln_graph"], code
+
+
+def _ints(xs):
+    items = [str(int(x)) for x in xs]
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+
+def _view(name, layout):
+    return (f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
+            f"{name}.storage_offset() + {int(layout.offset)})")
+
+
+def _extern(src, call, buffers, kernel_read):
+    def arg(a):
+        if isinstance(a, ir.BufferArg):
+            return a.name if a.layout is None else _view(a.name, a.layout)
+        if isinstance(a, (list, tuple)):
+            items = [arg(x) for x in a]
+            return f"[{', '.join(items)}]" if isinstance(a, list) else f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+        return src.literal(a)
+    args = [arg(a) for a in call.args] + [f"{k}={arg(v)}" for k, v in call.kwargs.items()]
+    target = src.constant(call.target, "aten_")
+    results = call.outputs
+    if isinstance(results, str):
+        src.line(f"{results} = {target}({', '.join(args)})")
+    else:
+        src.line(f"{call.name} = {target}({', '.join(args)})")
+        if results is not None:
+            for path, name in pytree.tree_flatten_with_path(results)[0]:
+                if name is not None:
+                    src.line(f"{name} = {call.name}{''.join(f'[{p.idx}]' for p in path)}")
+    for name in pytree.tree_leaves(results):
+        if name is not None and name in kernel_read:
+            layout = buffers[name].layout
+            src.line(f"{name} = fix_layout({name}, {_ints(layout.sizes)}, {_ints(layout.strides)})")
