@@ -12,6 +12,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from unittest import mock
 
 from bench.machine import REPO, cache_environment, thread_environment
 
@@ -46,8 +47,9 @@ def _names(text):
 def main(argv=None):
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
-    with tempfile.TemporaryDirectory(prefix="kiln-bench-cache-") as cache_root:
-        os.environ.update({**cache_environment(cache_root), **thread_environment(args.threads)})
+    # patch.dict puts the environment back afterwards (main() also runs inside the test process)
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-cache-") as cache_root, \
+            mock.patch.dict(os.environ, {**cache_environment(cache_root), **thread_environment(args.threads)}):
         return run(args, command)
 
 

@@ -5,7 +5,10 @@ round), so that a burst of load from other processes hits every compiler alike a
 """
 import functools
 import gc
+import contextlib
 import math
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ class Settings:
     max_rounds: int = 2000
     sample_floor_s: float = 2e-3  # a sample is a block of calls lasting at least this (tiny calls)
     warmup_calls: int = 2         # untimed calls after the first, before timing
+    first_call_limit_s: float = 600  # a compile that hangs becomes an error row instead of stopping the run
 
 
 def run_workload(workload, compilers, settings, progress=None):
@@ -43,7 +47,7 @@ def run_workload(workload, compilers, settings, progress=None):
         return result
     grad_mode = torch.enable_grad() if workload.training else torch.no_grad()
     with grad_mode:
-        models = _first_calls(workload, case, [EAGER, *compilers], result, progress)
+        models = _first_calls(workload, case, [EAGER, *compilers], result, settings, progress)
         calls = {name: functools.partial(case.run, model) for name, model in models.items()}
         _note(progress, "timing")
         _time_interleaved(calls, workload, settings, result)
@@ -54,7 +58,7 @@ def run_workload(workload, compilers, settings, progress=None):
     return result
 
 
-def _first_calls(workload, case, compilers, result, progress):
+def _first_calls(workload, case, compilers, result, settings, progress):
     """Compile and call each once (timing the first call), compare with eager; return the compiled models
     that worked, by compiler name."""
     models, reference = {}, None
@@ -64,9 +68,10 @@ def _first_calls(workload, case, compilers, result, progress):
         try:
             model = prepare(compiler, case.model, workload)
             call = functools.partial(case.run, model)
-            begin = time.perf_counter()
-            out = call()
-            m.first_call_s = time.perf_counter() - begin
+            with time_limit(settings.first_call_limit_s):
+                begin = time.perf_counter()
+                out = call()
+                m.first_call_s = time.perf_counter() - begin
             if compiler is EAGER:
                 reference = out
             elif reference is not None:
@@ -154,6 +159,30 @@ def _measure_saved_tensors(calls, models, result):
             m.saved_mb = sum(storages.values()) / 2**20
         except Exception as e:
             m.error = f"while measuring memory: {describe(e)}"
+
+
+class TimeLimitExceeded(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise TimeLimitExceeded in the block after `seconds` (SIGALRM, so only in the main thread; elsewhere
+    the block runs unlimited)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeLimitExceeded(f"first call took over {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def max_abs_diff(expected, actual):

@@ -144,17 +144,20 @@ def _problems(results):
 
 
 def compare(old, new, compilers):
-    """Old and new median per workload and compiler, and the change (negative: faster now)."""
-    before = {(r.name, n): r.median(n) for r in old for n in r.measurements}
+    """Old and new median per workload and compiler, the change (negative: faster now), and the speedup over
+    eager before and now (steadier than raw times on a loaded machine: both sides share the load)."""
+    before = {r.name: r for r in old}
     rows = []
     for r in new:
+        was = before.get(r.name)
         for n in compilers:
-            was, now = before.get((r.name, n)), r.median(n)
-            if was is None and now is None:
+            then, now = (was.median(n) if was else None), r.median(n)
+            if then is None and now is None:
                 continue
-            change = f"{(now / was - 1) * 100:+.1f}%" if was and now else "—"
-            rows.append([r.name, _label(n), _time(was), _time(now), change])
-    return _table(["workload", "compiler", "before", "now", "change"], rows)
+            change = f"{(now / then - 1) * 100:+.1f}%" if then and now else "—"
+            speedups = ["", ""] if n == "eager" else [_ratio(was.speedup(n) if was else None), _ratio(r.speedup(n))]
+            rows.append([r.name, _label(n), _time(then), _time(now), change, *speedups])
+    return _table(["workload", "compiler", "before", "now", "change", "speedup before", "speedup now"], rows)
 
 
 # ---------------------------------------------------------------- cells

@@ -1,0 +1,98 @@
+"""Smoke tests for bench/: the CLI parses, a tiny workload runs end to end, failures become rows.
+No timing is asserted (timings live in bench/RESULTS.md, never in tests)."""
+import json
+import math
+
+import torch
+
+from bench import report
+from bench.__main__ import RESULTS_MD, main, parse_args
+from bench.compilers import Compiler
+from bench.harness import Settings, max_abs_diff, run_workload
+from bench.results import from_json
+from bench.workloads import BY_NAME, WORKLOADS, Case, Workload
+
+TINY = Settings(budget_s=0.001, min_rounds=1, max_rounds=2, warmup_calls=1)
+
+
+def test_cli_parses_every_option(tmp_path):
+    args = parse_args(["--only", "softmax,mlp", "--compilers", "kiln", "--json", str(tmp_path / "a.json"),
+                       "--compare", str(tmp_path / "b.json"), "--budget", "0.5", "--threads", "1",
+                       "--no-cold-warm", "--results-md"])
+    assert args.only == ["softmax", "mlp"] and args.compilers == ["kiln"]
+    assert args.results_md == RESULTS_MD and not args.cold_warm and args.budget == 0.5
+
+
+def test_workload_names_are_unique_and_cover_the_issues():
+    names = [w.name for w in WORKLOADS]
+    assert len(names) == len(set(names))
+    assert {"overhead_add_one", "guards_mlp12", "mlp_train", "gpt2_block_train", "dynamic_gpt2_block",
+            "graph_break", "hf_gpt2", "hf_bert"} <= set(names)
+
+
+def test_tiny_workload_end_to_end_with_json_and_compare(tmp_path, capsys):
+    results_md = RESULTS_MD.read_text() if RESULTS_MD.exists() else None
+    out = tmp_path / "run.json"
+    argv = ["--only", "overhead_add_one", "--compilers", "kiln", "--budget", "0.001", "--no-cold-warm",
+            "--threads", str(torch.get_num_threads()), "--json", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    (row,) = from_json(data)
+    assert row.name == "overhead_add_one" and set(row.measurements) == {"eager", "kiln"}
+    assert row.measurements["eager"].calls >= BY_NAME["overhead_add_one"].min_calls
+    kiln = row.measurements["kiln"]
+    assert kiln.error or kiln.calls >= BY_NAME["overhead_add_one"].min_calls
+    assert main(argv + ["--compare", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| overhead_add_one" in printed and "## Change against the earlier run" in printed
+    # a run with --only never overwrites the committed full table
+    assert (RESULTS_MD.read_text() if RESULTS_MD.exists() else None) == results_md
+
+
+def _failing(message):
+    def wrap(model, workload):
+        raise RuntimeError(message)
+    return Compiler("kiln", "kiln", wrap, lambda: None)
+
+
+def test_a_failing_compiler_is_an_error_row_and_eager_still_runs():
+    result = run_workload(BY_NAME["overhead_add_one"], [_failing("no capture today")], TINY)
+    assert "no capture today" in result.measurements["kiln"].error
+    assert result.measurements["eager"].samples_s
+    assert "no capture today" in report.markdown(_info(), [result], ["eager", "kiln"])
+
+
+def test_a_workload_that_cannot_build_is_an_error_row():
+    def build():
+        raise ValueError("bad sizes")
+    result = run_workload(Workload("broken", "raises while building", build), [], TINY)
+    assert "bad sizes" in result.error
+    assert "bad sizes" in report.markdown(_info(), [result], ["eager"])
+
+
+def test_a_missing_module_is_a_skipped_row():
+    w = Workload("needs_x", "needs a module that is not there", lambda: Case(abs, lambda m: m(1)),
+                 needs=("no_such_module_kiln_bench",))
+    result = run_workload(w, [], TINY)
+    assert result.skipped and "no_such_module_kiln_bench" in result.skipped
+
+
+def test_training_step_measures_saved_tensors():
+    result = run_workload(BY_NAME["mlp_train"], [], TINY)
+    assert result.measurements["eager"].saved_mb > 0
+
+
+def test_max_abs_diff():
+    a = torch.tensor([1.0, float("nan"), float("inf")])
+    assert max_abs_diff((a,), (a.clone(),)) == 0
+    assert max_abs_diff([a], [a + 0.5]) == 0.5  # NaN and inf match where they sit in both
+    assert max_abs_diff([a], [torch.tensor([1.0, 2.0, float("inf")])]) == math.inf
+    assert max_abs_diff([a], [a[:2]]) == math.inf
+    assert max_abs_diff([a], [a, a]) == math.inf
+
+
+def _info():
+    from bench.results import RunInfo
+    return RunInfo(command="python -m bench", started_utc="now", wall_s=1.0,
+                   machine={"cpu": "cpu", "cores": 2, "threads": 2, "python": "3", "torch": torch.__version__,
+                            "kiln_commit": "x"}, settings={})
