@@ -1,15 +1,33 @@
-"""Capture: run Python frames symbolically into torch.fx graphs with guards.
+"""Capture: run Python frames symbolically into torch.fx graphs with guards (see DESIGN.md).
 
-Placeholder until capture lands: `optimize` runs the model eagerly.
+`optimize(model, backend)` returns the compiled callable; `reset()` forgets every cache entry.
+Modules: runtime (caches, hot path), convert (one frame -> entry), interpreter + objects (symbolic
+execution), variables, sources, guards, graph_builder, side_effects, glue, resume.
 """
-from kiln.debug.logs import log
+import types
+
+import torch
+
+from kiln.capture import resume, runtime
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):
-    """Return a callable that runs `model` (function or nn.Module) through capture + `backend`."""
-    log("perf_hints", "capture not built yet: %r runs eagerly", model)
-    return model
+    """Return a callable that runs `model` (function or nn.Module) through capture + `backend`.
+
+    `dynamic` is accepted for API compatibility; shapes are specialized (guarded) for now.
+    """
+    if isinstance(model, types.FunctionType):
+        return runtime.optimize_function(model, backend, fullgraph)
+    if isinstance(model, types.MethodType) and isinstance(model.__func__, types.FunctionType) and \
+            not isinstance(model.__self__, torch.nn.Module):
+        compiled = runtime.optimize_function(model.__func__, backend, fullgraph)
+        owner = model.__self__
+        return lambda *args, **kwargs: compiled(owner, *args, **kwargs)
+    # modules (and other callables) compile a small caller frame, so hooks and __call__ are honoured
+    return runtime.optimize_function(runtime.synthetic_caller(model), backend, fullgraph)
 
 
 def reset():
     """Forget every compiled entry."""
+    runtime.reset()
+    resume.reset()

@@ -1,0 +1,291 @@
+"""Turn one frame (function object F, bound arguments L) into a cache entry.
+
+Capture runs the interpreter; an Unsupported construct in the frame's own code restarts capture with
+a graph break at that instruction (a break inside an inlined call breaks at the outermost call
+site, so the callee runs — and is compiled — as a frame of its own). The result is compiled by the
+backend and wrapped in generated glue; see glue.py and resume.py.
+"""
+import dis
+import inspect
+import types
+import warnings
+
+import torch
+import torch.fx
+
+from kiln import config as config_mod
+from kiln.capture import interpreter as interp
+from kiln.capture.glue import Glue
+from kiln.capture.graph_builder import OutputGraph
+from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
+from kiln.capture.resume import live_locals, resume_code
+from kiln.capture.sources import LocalSource
+from kiln.capture.variables import NullVariable
+from kiln.debug.logs import enabled, log
+from kiln.exc import BackendCompilerFailed, Unsupported
+
+_JUMPS = {"POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE",
+          "POP_JUMP_BACKWARD_IF_FALSE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"}
+# single instructions a break can run natively: opname -> (number popped, python callable)
+_NATIVE_OPS = {
+    "BINARY_SUBSCR": 2, "COMPARE_OP": 2, "BINARY_OP": 2, "UNARY_NEGATIVE": 1, "UNARY_POSITIVE": 1,
+    "UNARY_INVERT": 1, "UNARY_NOT": 1, "STORE_SUBSCR": 3, "STORE_ATTR": 2, "LOAD_ATTR": 1, "LOAD_METHOD": 1,
+    "GET_ITER": 1, "CONTAINS_OP": 2,
+}
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | \
+    inspect.CO_ITERABLE_COROUTINE
+
+
+class EagerFrame(Exception):
+    """This frame cannot be captured safely; it runs natively (reason logged under graph_breaks)."""
+
+
+class CacheEntry:
+    __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src")
+
+    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src):
+        self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
+        self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
+
+
+class _Break:
+    """What the root frame was doing when capture stopped at a break."""
+
+    def __init__(self, frame, inst, reason):
+        self.frame, self.inst, self.reason = frame, inst, reason
+
+
+class Capture:
+    def __init__(self, F, L, code, fullgraph, backend):
+        self.F, self.L, self.code, self.fullgraph = F, L, code, fullgraph
+        self.backend_for_glue = backend
+        self.break_at = None
+        self.break_reason = None
+        self.requested = None
+        self.steps = 0
+        self.og = None
+
+    def run(self):
+        if self.code.co_flags & _GENERATOR_FLAGS:
+            raise self._cannot("generators and coroutines run eagerly")
+        for _ in range(3):
+            self.og = OutputGraph(self.code.co_name)
+            self.steps, self.requested = 0, None
+            frame = interp.root_frame(self, self.F, self.L, self.code)
+            try:
+                return frame.run()
+            except Unsupported as e:
+                if self.requested is None or self.fullgraph:
+                    raise
+                inst, _ = self.requested
+                why_not = _why_not_breakable(self.code, inst)
+                if why_not:
+                    raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
+                self.break_at, self.break_reason = inst.offset, e
+        raise EagerFrame("capture did not settle")
+
+    def _cannot(self, msg):
+        where = f"{self.code.co_filename}:{self.code.co_firstlineno}"
+        if self.fullgraph:
+            return Unsupported(msg, where=where)
+        return EagerFrame(f"{msg} ({self.code.co_qualname} at {where})")
+
+    def request_break(self, frame, inst, error):
+        self.requested = (inst, error)
+
+    def graph_break(self, frame, inst):
+        return _Break(frame, inst, self.break_reason)
+
+
+def _why_not_breakable(code, inst):
+    if inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in ("CALL",
+                                                                                            "CALL_FUNCTION_EX"):
+        return f"cannot resume after {inst.opname}"
+    for entry in dis._parse_exception_table(code):
+        if entry.start <= inst.offset < entry.end:
+            return "the break is inside a try/with block"
+    for i in dis.get_instructions(code):
+        if i.opname.startswith("JUMP_BACKWARD") or i.opname.startswith("POP_JUMP_BACKWARD"):
+            if i.argval <= inst.offset < i.offset:
+                return "the break is inside a loop"
+    if inst.opname == "COMPARE_OP" and inst.argval not in COMPARE_OPS:
+        return "unknown comparison"
+    return None
+
+
+def compile_frame(F, L, code, backend, fullgraph):
+    """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed."""
+    cap = Capture(F, L, code, fullgraph, backend)
+    result = cap.run()
+    og = cap.og
+    glue = Glue(og)
+    if isinstance(result, _Break):
+        tail, reason = _break_tail(cap, glue, result)
+    else:
+        ret = glue.value(result)
+        glue.replay_side_effects()
+        tail, reason = [f"return {ret}"], None
+    graph_fn, gm = _compile_graph(og, glue, backend, code)
+    run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
+    check, first_failure, guard_src = og.guards.build()
+    entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src)
+    _log_entry(code, entry, og)
+    return entry
+
+
+def _compile_graph(og, glue, backend, code):
+    if og.op_count() == 0:
+        return None, None
+    og.graph.output(tuple(v.node for v in glue.outputs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
+    example_inputs = [t for _, t, _ in og.inputs]
+    if enabled("graph"):
+        log("graph", "graph for %s (%s:%d):\n%s", code.co_qualname, code.co_filename, code.co_firstlineno, gm.code)
+    try:
+        compiled = backend(gm, example_inputs)
+    except Exception as e:
+        if config_mod.config.suppress_errors:
+            warnings.warn(f"kiln: backend {backend.name!r} raised {type(e).__name__}: {e}; "
+                          f"running {code.co_qualname} eagerly")
+            raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
+        raise BackendCompilerFailed(backend.name, e) from e
+    return compiled, gm
+
+
+def _break_tail(cap, glue, brk):
+    """Lines that run the breaking construct natively and call the resume function(s)."""
+    from kiln.capture import runtime
+    frame, inst = brk.frame, brk.inst
+    stack = list(frame.stack)
+    insts, index_of = frame.insts, frame.index_of
+    next_offset = insts[index_of[inst.offset] + 1].offset if index_of[inst.offset] + 1 < len(insts) else None
+    reason = brk.reason
+    _log_break(reason)
+    caller = glue.const(runtime.Caller(cap.backend_for_glue), "CALL")
+
+    if inst.opname == "CALL":
+        n = inst.arg
+        kw_names = frame.kw_names or ()
+        args = stack[len(stack) - n:]
+        first, second = stack[len(stack) - n - 2], stack[len(stack) - n - 1]
+        below = stack[:len(stack) - n - 2]
+        if isinstance(first, NullVariable):
+            fn, args = second, args
+        else:
+            fn, args = first, [second] + args
+        nkw = len(kw_names)
+        pos, kws = args[:len(args) - nkw], args[len(args) - nkw:]
+        fn_e = glue.value(fn)
+        arg_e = [glue.value(a) for a in pos] + [f"{k}={glue.value(v)}" for k, v in zip(kw_names, kws)]
+        call_line = f"__r = {caller}({', '.join([fn_e] + arg_e)})"
+        return _resume_after(cap, glue, frame, below, [call_line], next_offset, pushed=True), reason
+    if inst.opname == "CALL_FUNCTION_EX":
+        has_kw = inst.arg & 1
+        kw = stack[-1] if has_kw else None
+        args = stack[-1 - has_kw]
+        fn = stack[-2 - has_kw]
+        below = stack[:len(stack) - 2 - has_kw]
+        if below and isinstance(below[-1], NullVariable):
+            below = below[:-1]
+        parts = [glue.value(fn), "*" + glue.value(args)] + (["**" + glue.value(kw)] if kw is not None else [])
+        call_line = f"__r = {caller}({', '.join(parts)})"
+        return _resume_after(cap, glue, frame, below, [call_line], next_offset, pushed=True), reason
+    if inst.opname in _JUMPS:
+        value = stack[-1]
+        below = stack[:-1]
+        v = glue.value(value)
+        jump_if = "TRUE" in inst.opname
+        keep = inst.opname.startswith("JUMP_IF")
+        taken_stack = below + [value] if keep else below
+        taken = _resume_after(cap, glue, frame, taken_stack, [], inst.argval, pushed=False, finish=False)
+        fallthrough = _resume_after(cap, glue, frame, below, [], next_offset, pushed=False)
+        cond = v if jump_if else f"not {v}"
+        return [f"if {cond}:"] + ["    " + t for t in taken] + fallthrough, reason
+    npop = _NATIVE_OPS[inst.opname]
+    operands = stack[len(stack) - npop:]
+    below = stack[:len(stack) - npop]
+    ops = [glue.value(o) for o in operands]
+    line, pushed, push_null = _native_op_line(glue, inst, ops)
+    if push_null:
+        below = below + [interp.NULL]
+    return _resume_after(cap, glue, frame, below, [line], next_offset, pushed=pushed), reason
+
+
+def _native_op_line(glue, inst, ops):
+    import operator
+    name = inst.opname
+    if name == "BINARY_SUBSCR":
+        return f"__r = {ops[0]}[{ops[1]}]", True, False
+    if name == "BINARY_OP":
+        return f"__r = {glue.const(BINARY_OPS[inst.arg], 'OP')}({ops[0]}, {ops[1]})", True, False
+    if name == "COMPARE_OP":
+        return f"__r = {glue.const(COMPARE_OPS[inst.argval], 'OP')}({ops[0]}, {ops[1]})", True, False
+    if name in UNARY_OPS:
+        return f"__r = {glue.const(UNARY_OPS[name], 'OP')}({ops[0]})", True, False
+    if name == "STORE_SUBSCR":
+        return f"{ops[1]}[{ops[2]}] = {ops[0]}", False, False
+    if name == "STORE_ATTR":
+        return f"{ops[1]}.{inst.argval} = {ops[0]}", False, False
+    if name in ("LOAD_ATTR", "LOAD_METHOD"):
+        return f"__r = {ops[0]}.{inst.argval}", True, name == "LOAD_METHOD"
+    if name == "GET_ITER":
+        return f"__r = iter({ops[0]})", True, False
+    if name == "CONTAINS_OP":
+        return f"__r = ({ops[0]} {'not in' if inst.arg else 'in'} {ops[1]})", True, False
+    raise AssertionError(name)
+
+
+def _resume_after(cap, glue, frame, below, lines, offset, pushed, finish=True):
+    """Lines: run `lines`, then call the resume function at `offset` with the stack and live locals."""
+    from kiln.capture import runtime
+    code = frame.code
+    stack_nulls = [isinstance(v, NullVariable) for v in below] + ([False] if pushed else [])
+    live = [n for n in code.co_varnames if n in live_locals(code, offset) and n in frame.locals]
+    stack_vals = [glue.value(v) for v in below if not isinstance(v, NullVariable)]
+    local_vals = [_local_expr(glue, frame.locals[n]) for n in live]
+    cell_vals = [glue.value(frame.cells[n]) for n in code.co_cellvars if n in frame.cells]
+    if len(cell_vals) != len(code.co_cellvars):
+        missing = [n for n in code.co_cellvars if n not in frame.cells]
+        for n in missing:
+            frame.cells[n] = interp.CellVariable()
+        cell_vals = [glue.value(frame.cells[n]) for n in code.co_cellvars]
+    if finish:
+        glue.replay_side_effects()
+    rcode = resume_code(code, offset, stack_nulls, live)
+    if enabled("bytecode"):
+        log("bytecode", "resume function %s:\n%s", rcode.co_name, _dis(rcode))
+    rcache = glue.const(runtime.get_cache(rcode, cap.backend_for_glue, False), "RESUME")
+    fn_type = glue.const(types.FunctionType, "FN")
+    closure = "None"
+    if code.co_freevars or code.co_cellvars:
+        cells = "".join(c + ", " for c in cell_vals)
+        closure = f"(F.__closure__ or ()) + ({cells})" if code.co_freevars else f"({cells})"
+    args = stack_vals + (["__r"] if pushed else []) + local_vals
+    tuple_e = "(" + "".join(a + ", " for a in args) + ")"
+    return list(lines) + [f"return {rcache}({fn_type}({glue.const(rcode, 'RCODE')}, F.__globals__, "
+                          f"{rcode.co_name!r}, None, {closure}), {tuple_e})"]
+
+
+def _local_expr(glue, v):
+    if isinstance(v, _LazyArg):
+        return LocalSource(v.index, v.name).expr(glue.ctx)
+    return glue.value(v)
+
+
+def _dis(code):
+    import io
+    out = io.StringIO()
+    dis.dis(code, file=out)
+    return out.getvalue()
+
+
+def _log_break(reason):
+    log("graph_breaks", "graph break: %s", reason)
+
+
+def _log_entry(code, entry, og):
+    if enabled("guards"):
+        log("guards", "guards for %s (%s:%d):\n%s", code.co_qualname, code.co_filename, code.co_firstlineno,
+            "\n".join(f"  {g.text}" for g in entry.guards))
+    if enabled("bytecode"):
+        log("bytecode", "glue for %s:\n%s", code.co_qualname, entry.glue_src)

@@ -1,0 +1,152 @@
+"""The glue of a cache entry: one generated Python function `(F, L) -> result`.
+
+It calls the compiled graph with the inputs reloaded from their Sources, rebuilds the Python values
+the frame produced (return value, or the live stack and locals at a graph break), replays side
+effects, and at a break runs the breaking construct natively and tail-calls the resume function
+through the runtime. Generated as Python source so KILN_LOGS=bytecode shows something readable.
+"""
+import types
+
+from kiln.capture import interpreter as interp
+from kiln.capture.sources import CodeContext
+from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable,
+                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
+                                    ObjectVariable, SetVariable, TensorVariable, TupleVariable)
+from kiln.exc import Unsupported
+
+_LITERAL_TYPES = (int, bool, str, type(None), bytes)
+
+
+def _make_cell(*contents):
+    return types.CellType(*contents)
+
+
+class Glue:
+    def __init__(self, og):
+        self.og = og
+        self.ctx = CodeContext()
+        self.lines = []
+        self.outputs = []      # TensorVariables the graph must return, in order
+        self._out_index = {}
+        self._tmp = {}         # id(Variable) -> temp name
+        self._n = 0
+        self._deferred = []    # lines that fill objects/cells after all of them exist
+
+    def const(self, obj, hint="C"):
+        return self.ctx.const(obj, hint)
+
+    def _new_tmp(self):
+        self._n += 1
+        return f"__t{self._n}"
+
+    def emit(self, line):
+        self.lines.append(line)
+
+    def value(self, var):
+        """An expression (a temp or literal) for `var`, evaluated before any side effect is replayed."""
+        if id(var) in self._tmp:
+            return self._tmp[id(var)]
+        if isinstance(var, ConstantVariable):
+            v = var.value
+            if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and abs(v) != float("inf")):
+                return repr(v)
+            return self.const(v, "K")
+        if isinstance(var, interp.RealCell):
+            return var.source.expr(self.ctx).rsplit(".cell_contents", 1)[0]
+        name = self._new_tmp()
+        self._tmp[id(var)] = name
+        self.emit(f"{name} = {self._build(var, name)}")
+        return name
+
+    def _build(self, var, name):
+        if isinstance(var, TensorVariable):
+            if var.node.op == "placeholder":
+                return var.source.expr(self.ctx)
+            if id(var) not in self._out_index:
+                self._out_index[id(var)] = len(self.outputs)
+                self.outputs.append(var)
+            return f"__o[{self._out_index[id(var)]}]"
+        if isinstance(var, ObjectVariable):
+            return var.source.expr(self.ctx) if var.source is not None else self.const(var.value, "OBJ")
+        if isinstance(var, (ListVariable, DictVariable)) and var.source is not None:
+            return var.source.expr(self.ctx)
+        if isinstance(var, ListVariable):
+            return "[" + ", ".join(self.value(i) for i in var.items) + "]"
+        if isinstance(var, TupleVariable):
+            items = ", ".join(self.value(i) for i in var.items)
+            if var.cls is tuple:
+                return f"({items}{',' if len(var.items) == 1 else ''})"
+            if hasattr(var.cls, "_fields"):
+                return f"{self.const(var.cls, 'CLS')}({items})"
+            return f"{self.const(var.cls, 'CLS')}(({items}{',' if len(var.items) == 1 else ''}))"
+        if isinstance(var, SetVariable):
+            return "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
+        if isinstance(var, DictVariable):
+            body = "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in var.items.items()) + "}"
+            return body if var.cls is dict else f"{self.const(var.cls, 'CLS')}({body})"
+        if isinstance(var, IteratorVariable):
+            return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
+        if isinstance(var, CellVariable):
+            if var.contents is not CellVariable._EMPTY:
+                self._deferred.append(lambda: f"{name}.cell_contents = {self.value(var.contents)}")
+            return f"{self.const(_make_cell, 'MAKECELL')}()"
+        if isinstance(var, FreshObjectVariable):
+            self._deferred.append(lambda: "; ".join(f"object.__setattr__({name}, {k!r}, {self.value(v)})"
+                                                    for k, v in var.attrs.items()) or "pass")
+            return f"object.__new__({self.const(var.cls, 'CLS')})"
+        if isinstance(var, FunctionVariable):
+            defaults = self.value(var.defaults) if var.defaults is not None else "None"
+            closure = "(" + "".join(self.value(c) + ", " for c in var.closure) + ")" if var.closure else "None"
+            fn = (f"{self.const(types.FunctionType, 'FN')}({self.const(var.code, 'CODE')}, "
+                  f"{self.const(var.f_globals, 'GD')}, {var.name.rsplit('.', 1)[-1]!r}, {defaults}, {closure})")
+            if var.kwdefaults is not None:
+                self._deferred.append(lambda: f"{name}.__kwdefaults__ = {self.value(var.kwdefaults)}")
+            return fn
+        if isinstance(var, MethodVariable):
+            obj = self.value(var.obj)
+            if isinstance(var.fn, str):
+                return f"{obj}.{var.fn}"
+            fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
+            return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
+        raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
+
+    def finish_values(self):
+        """Fill attributes/cells of rebuilt objects (after all exist, so cycles work)."""
+        while self._deferred:
+            line = self._deferred.pop(0)()
+            self.emit(line)
+
+    def replay_side_effects(self):
+        se = self.og.side_effects
+        exprs = []
+        for container in se.mutated:
+            target = container.source.expr(self.ctx)
+            if isinstance(container, ListVariable):
+                exprs.append((f"{target}[:] = ", ListVariable(container.items)))
+            else:
+                exprs.append((f"__d = {target}; __d.clear(); __d.update(", DictVariable(container.items)))
+        for obj_var, name, value in se.attr_stores.values():
+            exprs.append((f"setattr({self.value(obj_var)}, {name!r}, ", value))
+        for source, value in se.global_stores.items():
+            exprs.append((f"{source.expr(self.ctx)} = ", value))
+        for source, value in se.cell_stores.values():
+            exprs.append((f"{source.expr(self.ctx)} = ", value))
+        rendered = [(prefix, self.value(v)) for prefix, v in exprs]
+        self.finish_values()
+        for prefix, v in rendered:
+            self.emit(prefix + v + (")" if prefix.endswith("(") else ""))
+
+    def function(self, graph_fn, input_sources, tail):
+        """Assemble `def __kiln_entry(F, L)`; `tail` are the final lines (return / break)."""
+        lines = []
+        if graph_fn is not None:
+            args = ", ".join(s.expr(self.ctx) for s in input_sources)
+            lines.append(f"__o = {self.const(graph_fn, 'GRAPH')}({args})")
+        lines += self.lines + tail
+        uses_g = any("G[" in line for line in lines)
+        body = (["G = F.__globals__"] if uses_g else []) + lines
+        src = "def __kiln_entry(F, L):\n" + "".join(f"    {line}\n" for line in body)
+        ns = dict(self.ctx.consts)
+        exec(compile(src, "<kiln glue>", "exec"), ns)
+        return ns["__kiln_entry"], src
+

@@ -1,0 +1,281 @@
+"""The graph being built for one captured frame: fx.Graph + fake tensors + guards + side effects.
+
+Every value entering from the outside goes through `wrap(value, source)`, which picks its Variable
+and installs the guards it needs; every tensor op goes through `call_op`, which runs the op on fake
+tensors (FakeTensorMode) to learn the result's metadata and records an fx node.
+"""
+import builtins
+import collections
+import operator
+import re
+import types
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils import _pytree as pytree
+
+from kiln.capture.guards import GuardSet
+from kiln.capture.side_effects import SideEffects
+from kiln.capture.sources import AttrSource, ItemSource
+from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable,
+                                    TensorVariable, TupleVariable, is_constant)
+from kiln.exc import Unsupported
+
+# Python modules whose attributes are treated as fixed (no guard on `torch.nn.functional.relu`)
+_LIBRARY_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools", "collections",
+                     "typing", "numpy", "inspect", "warnings", "logging", "enum", "dataclasses", "abc",
+                     "copy", "types", "transformers", "contextlib", "sys", "os", "re")
+
+
+def is_library_module(mod):
+    name = getattr(mod, "__name__", "") or ""
+    return name.split(".")[0] in _LIBRARY_PREFIXES
+
+
+class OutputGraph:
+    def __init__(self, code_name):
+        self.graph = torch.fx.Graph()
+        self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+        self.guards = GuardSet()
+        self.side_effects = SideEffects()
+        self.inputs = []  # (source, real tensor, node) in placeholder order
+        self._by_id = {}  # id(real object) -> Variable, so one object always maps to one Variable
+        self._keepalive = []
+        self._names = set()
+        self.code_name = code_name
+        self.hook_globals_guarded = False
+        self.grad_enabled = torch.is_grad_enabled()
+        self.guards.add(None, f"{self.guards.const(torch.is_grad_enabled, 'GRAD')}() is {self.grad_enabled}",
+                        f"torch.is_grad_enabled() is {self.grad_enabled}")
+
+    # ---- values from outside --------------------------------------------------------------------
+    def wrap(self, value, source, guard=True):
+        """The Variable for an existing object reached through `source`, with its guards."""
+        known = self._by_id.get(id(value))
+        if known is not None and not is_constant(value):
+            if guard and source is not None and known.source is not None and known.source != source:
+                self.guards.aliases(source, known.source)
+            return known
+        var = self._wrap_new(value, source, guard)
+        if not is_constant(value):
+            self._by_id[id(value)] = var
+            self._keepalive.append(value)
+        return var
+
+    def _wrap_new(self, value, source, guard):
+        g = self.guards if (guard and source is not None) else None
+        if isinstance(value, torch.Tensor):
+            return self._wrap_tensor(value, source)
+        if is_constant(value) and type(value) is not torch.Size:
+            if g:
+                g.const_match(source, value)
+            return ConstantVariable(value, source)
+        if type(value) is torch.Size:
+            if g:
+                g.const_match(source, value)
+            return ConstantVariable(value, source)
+        if type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            if g:
+                g.len_match(source, value)
+            items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
+            if type(value) is list:
+                return ListVariable(items, source)
+            return TupleVariable(items, source, type(value))
+        if type(value) in (dict, collections.OrderedDict) and all(type(k) in (str, int) for k in value):
+            if g:
+                g.keys_match(source, value)
+            items = {k: self.wrap(v, ItemSource(source, k) if source else None, guard) for k, v in value.items()}
+            return DictVariable(items, source, type(value))
+        if isinstance(value, types.ModuleType):
+            if g and not is_library_module(value):
+                g.id_match(source, value)
+            return ObjectVariable(value, source)
+        if isinstance(value, (torch.nn.Module, types.FunctionType, types.BuiltinFunctionType, type,
+                              types.MethodType, types.MethodWrapperType, types.WrapperDescriptorType,
+                              types.MethodDescriptorType, types.CellType)) or callable(value) and _is_library_object(value):
+            if g:
+                if isinstance(value, types.MethodType):
+                    g.id_match(AttrSource(source, "__func__"), value.__func__)
+                    self.wrap(value.__self__, AttrSource(source, "__self__"))
+                else:
+                    g.id_match(source, value)
+            return ObjectVariable(value, source)
+        if isinstance(value, (list, tuple, dict, set)):
+            raise Unsupported(f"container subclass {type(value).__qualname__} is not supported")
+        if g:
+            g.type_match(source, value)
+        return ObjectVariable(value, source)
+
+    def _wrap_tensor(self, value, source):
+        if source is None:
+            raise Unsupported("a tensor with no known origin cannot enter the graph")
+        if type(value) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer) and \
+                not isinstance(value, torch.nn.Parameter):
+            raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported")
+        if value.is_sparse or value.layout != torch.strided:
+            raise Unsupported("sparse tensors are not supported")
+        self.guards.tensor_match(source, value)
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        name = self._unique(_sanitize(repr(source)))
+        node = self._placeholder(name)
+        node.meta["example_value"] = fake
+        node.meta["source"] = repr(source)
+        self.inputs.append((source, value, node))
+        return TensorVariable(node, fake, source, type(value))
+
+    def _placeholder(self, name):
+        # placeholders must precede every other node
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        if placeholders:
+            with self.graph.inserting_after(placeholders[-1]):
+                return self.graph.placeholder(name)
+        first = next(iter(self.graph.nodes), None)
+        if first is None:
+            return self.graph.placeholder(name)
+        with self.graph.inserting_before(first):
+            return self.graph.placeholder(name)
+
+    def _unique(self, base):
+        name, i = base, 1
+        while name in self._names:
+            name, i = f"{base}_{i}", i + 1
+        self._names.add(name)
+        return name
+
+    # ---- ops ------------------------------------------------------------------------------------
+    def call_op(self, kind, target, args, kwargs):
+        """Record `target(*args, **kwargs)` (kind: call_function or call_method) and return its Variable.
+
+        Non-tensor results (sizes, dtypes, bools from metadata) become constants and leave no node,
+        unless the op mutated a tensor in place.
+        """
+        fake_args, fake_kwargs = _to_fake((args, kwargs))
+        tensors_in = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
+        versions = [t.fake._version for t in tensors_in]
+        try:
+            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                if kind == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
+        mutated = any(t.fake._version != v for t, v in zip(tensors_in, versions))
+        leaves = pytree.tree_leaves(result)
+        has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
+        if not has_tensor and not mutated:
+            if not is_constant(result) and not (isinstance(result, (list, tuple)) and all(map(is_constant, result))):
+                raise Unsupported(f"{_target_name(target)} returned {type(result).__name__}, which capture cannot hold")
+            return ConstantVariable(result)
+        node = self.graph.create_node(kind, target, tuple(_to_nodes(list(args))), _to_nodes(dict(kwargs)),
+                                      name=self._unique(_node_name(target)))
+        node.meta["example_value"] = result
+        return self._result_variable(node, result, tensors_in)
+
+    def _result_variable(self, node, result, tensors_in):
+        if isinstance(result, torch.Tensor):
+            for t in tensors_in:  # in-place ops return their input: keep its identity
+                if t.fake is result:
+                    return t
+            if not hasattr(result, "fake_mode"):
+                raise Unsupported("an op returned a real tensor during capture")
+            return TensorVariable(node, result)
+        if isinstance(result, (tuple, list)):
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor) or isinstance(r, (tuple, list)):
+                    item = self.graph.create_node("call_function", operator.getitem, (node, i), {},
+                                                  name=self._unique(f"getitem"))
+                    item.meta["example_value"] = r
+                    items.append(self._result_variable(item, r, tensors_in))
+                elif is_constant(r):
+                    items.append(ConstantVariable(r))
+                else:
+                    raise Unsupported(f"op result item of type {type(r).__name__}")
+            if isinstance(result, list):
+                return ListVariable(items)
+            return TupleVariable(items, cls=type(result))
+        if result is None:
+            return ConstantVariable(None)
+        raise Unsupported(f"op returned {type(result).__name__}")
+
+    def set_grad_enabled(self, enabled):
+        """Switch grad mode inside the graph (torch.no_grad() blocks), as a node so backends see it."""
+        if enabled != self.grad_enabled:
+            self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,), {},
+                                   name=self._unique("set_grad_enabled"))
+            self.grad_enabled = enabled
+
+    def op_count(self):
+        return sum(1 for n in self.graph.nodes if n.op.startswith("call"))
+
+
+def _is_library_object(value):
+    mod = getattr(value, "__module__", None) or ""
+    return mod.split(".")[0] in ("torch", "builtins", "math", "operator", "_operator")
+
+
+def _to_fake(tree):
+    def conv(v):
+        if isinstance(v, TensorVariable):
+            return v.fake
+        if isinstance(v, ConstantVariable):
+            return v.value
+        if isinstance(v, ObjectVariable):
+            return v.value
+        raise Unsupported(f"cannot pass {v!r} to a tensor op")
+    return _map_vars(conv, tree)
+
+
+def _to_nodes(tree):
+    def conv(v):
+        if isinstance(v, TensorVariable):
+            return v.node
+        if isinstance(v, ConstantVariable):
+            return v.value
+        return v.value
+    return _map_vars(conv, tree)
+
+
+def _map_vars(fn, tree):
+    """Map Variables inside nested tuples/lists/dicts (containers of Variables become real containers)."""
+    if isinstance(tree, (TupleVariable,)):
+        vals = [_map_vars(fn, v) for v in tree.items]
+        return tree.cls(*vals) if hasattr(tree.cls, "_fields") else tree.cls(vals) if tree.cls is not tuple else tuple(vals)
+    if isinstance(tree, ListVariable):
+        return [_map_vars(fn, v) for v in tree.items]
+    if isinstance(tree, DictVariable):
+        return {k: _map_vars(fn, v) for k, v in tree.items.items()}
+    if isinstance(tree, tuple):
+        return tuple(_map_vars(fn, v) for v in tree)
+    if isinstance(tree, list):
+        return [_map_vars(fn, v) for v in tree]
+    if isinstance(tree, dict):
+        return {k: _map_vars(fn, v) for k, v in tree.items()}
+    if isinstance(tree, ConstantVariable) and isinstance(tree.value, torch.Size):
+        return tree.value
+    return fn(tree)
+
+
+def _target_name(target):
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    mod = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    return f"{mod}.{name}" if mod and mod not in ("builtins", "_operator") else name
+
+
+def _node_name(target):
+    name = target if isinstance(target, str) else getattr(target, "__name__", "op")
+    return _sanitize(name.strip("_") or "op").lower()
+
+
+def _sanitize(text):
+    text = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_")
+    if not text or text[0].isdigit() or text in dir(builtins):
+        text = "v_" + text
+    return text

@@ -1,0 +1,151 @@
+"""Guards: the facts about inputs a compiled entry assumed, compiled into ONE Python function.
+
+Each Guard is a boolean expression over `v` (the value its Source reloads). The builder hoists every
+source expression into a local once, so `L[0]._modules['fc']._parameters['weight']` is walked once
+per call, and emits a flat chain of `if not (...): return False` — identity and type checks first,
+because they are created first.
+"""
+import torch
+
+from kiln.capture.sources import CodeContext
+
+
+class Guard:
+    """`check` is an expression in `v`, with constants already interned in the entry's CodeContext."""
+
+    __slots__ = ("source", "check", "text")
+
+    def __init__(self, source, check, text):
+        self.source, self.check, self.text = source, check, text
+
+    def __repr__(self):
+        return self.text
+
+
+class GuardSet:
+    """The guards of one compiled entry, in creation order, deduplicated."""
+
+    def __init__(self):
+        self.ctx = CodeContext()
+        self.guards = []
+        self._seen = set()
+
+    def add(self, source, check, text=None):
+        """`check` may use `v` and names from `self.const(...)`; source None means a global-state guard."""
+        key = (source.key() if source is not None else None, check)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.guards.append(Guard(source, check, text or self._describe(source, check)))
+
+    def const(self, obj, hint="C"):
+        return self.ctx.const(obj, hint)
+
+    def _describe(self, source, check):
+        return check.replace("v", repr(source), 1) if source is not None else check
+
+    # ---- the common guards -------------------------------------------------------------------
+    def type_match(self, source, value):
+        self.add(source, f"type(v) is {self.const(type(value), 'T')}",
+                 f"type({source!r}) is {type(value).__qualname__}")
+
+    def id_match(self, source, value):
+        self.add(source, f"v is {self.const(value, 'ID')}", f"{source!r} is {_short(value)}")
+
+    def const_match(self, source, value):
+        if value is None or value is True or value is False or value is Ellipsis:
+            self.add(source, f"v is {value!r}", f"{source!r} is {value!r}")
+        elif type(value) in (int, float, str, bytes, complex):
+            self.add(source, f"type(v) is {type(value).__name__} and v == {value!r}", f"{source!r} == {value!r}")
+        else:
+            c = self.const(value, "K")
+            self.add(source, f"type(v) is {self.const(type(value), 'T')} and v == {c}",
+                     f"{source!r} == {value!r}")
+
+    def tensor_match(self, source, t):
+        dt, dev = self.const(t.dtype, "DT"), self.const(t.device, "DEV")
+        size, stride = self.const(t.shape, "S"), self.const(t.stride(), "ST")
+        check = (f"type(v) is {self.const(type(t), 'T')} and v.dtype is {dt} and v.device == {dev} and "
+                 f"v.shape == {size} and v.stride() == {stride} and v.requires_grad is {t.requires_grad}")
+        self.add(source, check, f"{source!r}: {type(t).__name__} {str(t.dtype).replace('torch.', '')}"
+                 f"{list(t.shape)} stride={t.stride()} device={t.device} requires_grad={t.requires_grad}")
+
+    def len_match(self, source, value):
+        self.add(source, f"type(v) is {self.const(type(value), 'T')} and len(v) == {len(value)}",
+                 f"type({source!r}) is {type(value).__name__} and len == {len(value)}")
+
+    def keys_match(self, source, value):
+        keys = self.const(tuple(value.keys()), "KEYS")
+        self.add(source, f"type(v) is {self.const(type(value), 'T')} and tuple(v) == {keys}",
+                 f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
+
+    def aliases(self, source, other):
+        self.add(source, f"v is {other.expr(self.ctx)}", f"{source!r} is {other!r}")
+
+    # ---- code generation --------------------------------------------------------------------
+    def build(self):
+        """-> (check(F, L) -> bool, first_failure(F, L) -> Guard|None, source text)."""
+        hoist = _Hoisting(self.ctx)
+        conds = []
+        for i, g in enumerate(self.guards):
+            hoist.current = i
+            conds.append(g.check if g.source is None else _substitute_v(g.check, hoist.sub(g.source)))
+        # hoisted locals are assigned right before the first guard that needs them
+        body, fail_body = [], []
+        for i, cond in enumerate(conds):
+            for line in hoist.pending.pop(i, ()):
+                body.append(line)
+                fail_body.append(line)
+            body.append(f"if not ({cond}): return False")
+            fail_body.append(f"if not ({cond}): return {i}")
+        prologue = ["G = F.__globals__"] if any("G[" in line for line in body) else []
+        src = _fn("__kiln_guard", prologue + body + ["return True"], "False")
+        fail_src = _fn("__kiln_guard_failure", prologue + fail_body + ["return None"], "-1")
+        ns = dict(self.ctx.consts)
+        exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
+        failure, guards = ns["__kiln_guard_failure"], self.guards
+
+        def first_failure(F, L):
+            i = failure(F, L)
+            if i is None:
+                return None
+            return guards[i] if i >= 0 else "a guard raised while evaluating"
+        return ns["__kiln_guard"], first_failure, src
+
+
+class _Hoisting:
+    """Renders source expressions, binding each distinct source to a local `vN` once."""
+
+    def __init__(self, ctx):
+        self.ctx, self.names, self.pending, self.current = ctx, {}, {}, 0
+
+    def const(self, obj, hint="C"):
+        return self.ctx.const(obj, hint)
+
+    def sub(self, source):
+        key = source.key()
+        if key not in self.names:
+            expr = source.expr(self)
+            if isinstance(expr, str) and expr.isidentifier():
+                return expr
+            name = f"v{len(self.names)}"
+            self.names[key] = name
+            self.pending.setdefault(self.current, []).append(f"{name} = {expr}")
+        return self.names[key]
+
+
+def _substitute_v(check, v):
+    import re
+    return re.sub(r"\bv\b", lambda m: f"({v})" if not v.isidentifier() else v, check)
+
+
+def _fn(name, lines, on_error):
+    inner = "\n".join("        " + line for line in lines)
+    return f"def {name}(F, L):\n    try:\n{inner}\n    except Exception:\n        return {on_error}\n"
+
+
+def _short(obj):
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if name:
+        return f"<{type(obj).__name__} {name}>"
+    return f"<{type(obj).__name__} at {id(obj):#x}>"

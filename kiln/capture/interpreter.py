@@ -1,0 +1,589 @@
+"""The symbolic interpreter: one handler per CPython 3.11 opcode, over Variables instead of values.
+
+`Frame` runs one code object (the captured frame, or an inlined callee sharing its OutputGraph).
+Python semantics of calls, attributes and iteration live in `objects.py`; this file is only the
+instruction loop and the stack discipline.
+"""
+import dis
+import inspect
+import operator
+import sys
+
+from kiln.capture import objects
+from kiln.capture.sources import CellSource, GlobalSource, LocalSource
+from kiln.capture.variables import (NULL, CellVariable, ConstantVariable, DictVariable, ExitVariable,
+                                    FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
+                                    NullVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable,
+                                    const)
+from kiln.exc import Unsupported
+
+BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
+              operator.mod, operator.or_, operator.pow, operator.rshift, operator.sub, operator.truediv,
+              operator.xor, operator.iadd, operator.iand, operator.ifloordiv, operator.ilshift, operator.imatmul,
+              operator.imul, operator.imod, operator.ior, operator.ipow, operator.irshift, operator.isub,
+              operator.itruediv, operator.ixor]
+COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+               ">=": operator.ge}
+UNARY_OPS = {"UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos, "UNARY_INVERT": operator.invert,
+             "UNARY_NOT": operator.not_}
+MAX_INLINE_DEPTH = 60
+MAX_STEPS = 2_000_000
+
+
+class _Instructions:
+    """A code object's instructions, with offset -> index; cached per code object."""
+    _cache = {}
+
+    @classmethod
+    def of(cls, code):
+        found = cls._cache.get(code)
+        if found is None:
+            insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+            found = (insts, {i.offset: n for n, i in enumerate(insts)})
+            cls._cache[code] = found
+        return found
+
+
+class RealCell:
+    """A closure cell that exists outside the capture: reads are guarded, writes are side effects."""
+
+    def __init__(self, cell, source):
+        self.cell, self.source = cell, source
+
+
+class _LazyArg:
+    """A root-frame argument not wrapped yet: only arguments the code reads get guards."""
+
+    def __init__(self, index, name, value):
+        self.index, self.name, self.value = index, name, value
+
+
+class Frame:
+    def __init__(self, capture, code, f_globals, local_values, cells, parent=None, root_globals=False):
+        self.capture, self.og = capture, capture.og
+        self.code, self.f_globals, self.parent = code, f_globals, parent
+        self.root_globals = root_globals
+        self.locals = local_values  # name -> Variable | _LazyArg
+        self.cells = cells          # name -> CellVariable | RealCell
+        self.stack = []
+        self.insts, self.index_of = _Instructions.of(code)
+        self.ip = 0
+        self.kw_names = None
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.yields = [] if code.co_flags & inspect.CO_GENERATOR else None
+        self.current = None
+        if self.depth > MAX_INLINE_DEPTH:
+            raise Unsupported("inlining depth limit reached (recursion?)")
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n):
+        if n == 0:
+            return []
+        vals = self.stack[-n:]
+        del self.stack[-n:]
+        return vals
+
+    def where(self, inst=None):
+        inst = inst or self.current
+        line = inst.positions.lineno if inst is not None and inst.positions else self.code.co_firstlineno
+        return f"{self.code.co_filename}:{line}"
+
+    def load_local(self, name):
+        v = self.locals.get(name)
+        if v is None:
+            raise Unsupported(f"local variable {name!r} referenced before assignment")
+        if isinstance(v, _LazyArg):
+            v = self.og.wrap(v.value, LocalSource(v.index, v.name))
+            self.locals[name] = v
+        return v
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self):
+        """Run to RETURN_VALUE; returns the returned Variable (an IteratorVariable for generators)."""
+        capture = self.capture
+        while True:
+            inst = self.insts[self.ip]
+            self.current = inst
+            if self.parent is None and inst.offset == capture.break_at:
+                return capture.graph_break(self, inst)
+            self.ip += 1
+            capture.steps += 1
+            if capture.steps > MAX_STEPS:
+                raise Unsupported("capture took too many steps (an unbounded loop?)")
+            handler = getattr(self, inst.opname, None)
+            try:
+                if handler is None:
+                    raise Unsupported(f"opcode {inst.opname} is not supported")
+                result = handler(inst)
+            except Unsupported as e:
+                if e.where is None:
+                    e.where = self.where(inst)
+                    e.args = (f"{e.msg} (at {e.where})",)
+                if self.parent is None:
+                    capture.request_break(self, inst, e)
+                raise
+            except RecursionError:
+                raise Unsupported("recursion too deep during capture")
+            if result is not None:
+                return result[0]
+
+    # ---- stack ----------------------------------------------------------------------------------
+    def NOP(self, inst):
+        pass
+
+    RESUME = PRECALL = NOP
+
+    def POP_TOP(self, inst):
+        self.pop()
+
+    def PUSH_NULL(self, inst):
+        self.push(NULL)
+
+    def COPY(self, inst):
+        self.push(self.stack[-inst.arg])
+
+    def SWAP(self, inst):
+        self.stack[-1], self.stack[-inst.arg] = self.stack[-inst.arg], self.stack[-1]
+
+    def RETURN_GENERATOR(self, inst):
+        self.push(const(None))
+
+    def YIELD_VALUE(self, inst):
+        if self.yields is None:
+            raise Unsupported("yield outside an inlined generator")
+        self.yields.append(self.pop())
+        if len(self.yields) > 100_000:
+            raise Unsupported("generator yields too many values")
+        self.push(const(None))
+
+    def RETURN_VALUE(self, inst):
+        value = self.pop()
+        if self.yields is not None:
+            return (IteratorVariable(self.yields),)
+        return (value,)
+
+    # ---- names ----------------------------------------------------------------------------------
+    def LOAD_CONST(self, inst):
+        self.push(objects.wrap_const(self.og, inst.argval))
+
+    def LOAD_FAST(self, inst):
+        self.push(self.load_local(inst.argval))
+
+    def STORE_FAST(self, inst):
+        self.locals[inst.argval] = self.pop()
+
+    def DELETE_FAST(self, inst):
+        self.locals.pop(inst.argval, None)
+
+    def LOAD_GLOBAL(self, inst):
+        if inst.arg & 1:
+            self.push(NULL)
+        self.push(self.load_global(inst.argval))
+
+    def load_global(self, name):
+        source = GlobalSource(self.f_globals, name, self.root_globals)
+        stored = self.og.side_effects.load_global(source)
+        if stored is not None:
+            return stored
+        if name in self.f_globals:
+            return self.og.wrap(self.f_globals[name], source)
+        builtins = self.f_globals.get("__builtins__", __builtins__)
+        builtins = builtins if isinstance(builtins, dict) else builtins.__dict__
+        if name in builtins:
+            return self.og.wrap(builtins[name], None, guard=False)
+        raise Unsupported(f"name {name!r} is not defined")
+
+    def STORE_GLOBAL(self, inst):
+        source = GlobalSource(self.f_globals, inst.argval, self.root_globals)
+        self.og.side_effects.store_global(source, self.pop())
+
+    def MAKE_CELL(self, inst):
+        name = inst.argval
+        if name in self.cells:
+            return
+        initial = self.locals.pop(name, None)
+        cell = CellVariable()
+        if initial is not None:
+            cell.contents = self.load_local_value(initial)
+        self.cells[name] = cell
+
+    def load_local_value(self, v):
+        if isinstance(v, _LazyArg):
+            return self.og.wrap(v.value, LocalSource(v.index, v.name))
+        return v
+
+    def COPY_FREE_VARS(self, inst):
+        pass  # cells of free variables were set up when the frame was made
+
+    def LOAD_CLOSURE(self, inst):
+        self.push(self.cells[inst.argval])
+
+    def LOAD_DEREF(self, inst):
+        self.push(self.load_cell(self.cells[inst.argval], inst.argval))
+
+    def load_cell(self, cell, name):
+        if isinstance(cell, CellVariable):
+            if cell.contents is CellVariable._EMPTY:
+                raise Unsupported(f"free variable {name!r} referenced before assignment")
+            return cell.contents
+        stored = self.og.side_effects.load_cell(cell.cell)
+        if stored is not None:
+            return stored
+        try:
+            value = cell.cell.cell_contents
+        except ValueError:
+            raise Unsupported(f"free variable {name!r} referenced before assignment") from None
+        return self.og.wrap(value, cell.source)
+
+    def STORE_DEREF(self, inst):
+        cell, value = self.cells[inst.argval], self.pop()
+        if isinstance(cell, CellVariable):
+            cell.contents = value
+        else:
+            self.og.side_effects.store_cell(cell.cell, cell.source, value)
+
+    LOAD_CLASSDEREF = LOAD_DEREF
+
+    # ---- attributes and items -------------------------------------------------------------------
+    def LOAD_ATTR(self, inst):
+        obj = self.pop()
+        self.push(objects.getattr_var(self, obj, inst.argval))
+
+    def LOAD_METHOD(self, inst):
+        obj = self.pop()
+        self.push(NULL)
+        self.push(objects.getattr_var(self, obj, inst.argval))
+
+    def STORE_ATTR(self, inst):
+        obj, value = self.pop(), self.pop()
+        objects.setattr_var(self, obj, inst.argval, value)
+
+    def DELETE_ATTR(self, inst):
+        raise Unsupported("del of an attribute")
+
+    def BINARY_SUBSCR(self, inst):
+        key = self.pop()
+        obj = self.pop()
+        self.push(objects.getitem(self, obj, key))
+
+    def STORE_SUBSCR(self, inst):
+        key, obj, value = self.pop(), self.pop(), self.pop()
+        objects.setitem(self, obj, key, value)
+
+    def DELETE_SUBSCR(self, inst):
+        key, obj = self.pop(), self.pop()
+        objects.call_method(self, obj, "__delitem__", [key], {})
+
+    def BUILD_SLICE(self, inst):
+        parts = self.popn(inst.arg)
+        if all(p.is_constant() for p in parts):
+            self.push(const(slice(*(p.value for p in parts))))
+        else:
+            raise Unsupported("slice with non-constant bounds")
+
+    # ---- operators ------------------------------------------------------------------------------
+    def BINARY_OP(self, inst):
+        b, a = self.pop(), self.pop()
+        self.push(objects.apply_operator(self, BINARY_OPS[inst.arg], [a, b]))
+
+    def COMPARE_OP(self, inst):
+        b, a = self.pop(), self.pop()
+        self.push(objects.apply_operator(self, COMPARE_OPS[inst.argval], [a, b]))
+
+    def _unary(self, inst):
+        self.push(objects.apply_operator(self, UNARY_OPS[inst.opname], [self.pop()]))
+
+    UNARY_NEGATIVE = UNARY_POSITIVE = UNARY_INVERT = UNARY_NOT = _unary
+
+    def IS_OP(self, inst):
+        b, a = self.pop(), self.pop()
+        same = objects.is_same(a, b)
+        self.push(const(same != bool(inst.arg)))
+
+    def CONTAINS_OP(self, inst):
+        container, item = self.pop(), self.pop()
+        found = objects.contains(self, container, item)
+        self.push(const(found != bool(inst.arg)))
+
+    # ---- containers -----------------------------------------------------------------------------
+    def BUILD_TUPLE(self, inst):
+        self.push(objects.make_tuple(self.popn(inst.arg)))
+
+    def BUILD_LIST(self, inst):
+        self.push(ListVariable(self.popn(inst.arg)))
+
+    def BUILD_SET(self, inst):
+        self.push(SetVariable(objects.dedup_set(self.popn(inst.arg))))
+
+    def BUILD_MAP(self, inst):
+        items = self.popn(2 * inst.arg)
+        self.push(DictVariable({objects.dict_key(k): v for k, v in zip(items[::2], items[1::2])}))
+
+    def BUILD_CONST_KEY_MAP(self, inst):
+        keys = self.pop()
+        values = self.popn(inst.arg)
+        self.push(DictVariable(dict(zip(objects.const_value(keys), values))))
+
+    def BUILD_STRING(self, inst):
+        parts = self.popn(inst.arg)
+        self.push(const("".join(objects.const_value(p) for p in parts)))
+
+    def FORMAT_VALUE(self, inst):
+        spec = self.pop().value if (inst.arg & 0x04) else ""
+        value = objects.const_value(self.pop(), "formatting a non-constant value")
+        conv = {0: None, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
+        if conv:
+            value = conv(value)
+        self.push(const(format(value, spec)))
+
+    def LIST_APPEND(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].items.append(v)
+
+    def SET_ADD(self, inst):
+        v = self.pop()
+        target = self.stack[-inst.arg]
+        target.items = objects.dedup_set(target.items + [v])
+
+    def MAP_ADD(self, inst):
+        v, k = self.pop(), self.pop()
+        self.stack[-inst.arg].items[objects.dict_key(k)] = v
+
+    def LIST_EXTEND(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].items.extend(objects.unpack_iterable(self, v))
+
+    def SET_UPDATE(self, inst):
+        v = self.pop()
+        target = self.stack[-inst.arg]
+        target.items = objects.dedup_set(target.items + objects.unpack_iterable(self, v))
+
+    def DICT_UPDATE(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].items.update(objects.dict_items(self, v))
+
+    DICT_MERGE = DICT_UPDATE
+
+    def LIST_TO_TUPLE(self, inst):
+        self.push(objects.make_tuple(self.pop().items))
+
+    def UNPACK_SEQUENCE(self, inst):
+        items = objects.unpack_iterable(self, self.pop())
+        if len(items) != inst.arg:
+            raise Unsupported(f"unpacking {len(items)} values into {inst.arg}")
+        self.stack.extend(reversed(items))
+
+    def UNPACK_EX(self, inst):
+        items = objects.unpack_iterable(self, self.pop())
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        if len(items) < before + after:
+            raise Unsupported("not enough values to unpack")
+        middle = ListVariable(items[before:len(items) - after])
+        vals = items[:before] + [middle] + items[len(items) - after:]
+        self.stack.extend(reversed(vals))
+
+    # ---- calls ----------------------------------------------------------------------------------
+    def KW_NAMES(self, inst):
+        self.kw_names = inst.argval
+
+    def CALL(self, inst):
+        n = inst.arg
+        kw_names, self.kw_names = self.kw_names or (), None
+        args = self.popn(n)
+        callable_, self_or_fn = self.pop(), self.pop()
+        if isinstance(self_or_fn, NullVariable):
+            fn = callable_
+        else:
+            fn, args = self_or_fn, [callable_] + args
+        nkw = len(kw_names)
+        kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
+        args = args[:len(args) - nkw] if nkw else args
+        self.push(objects.call(self, fn, args, kwargs))
+
+    def CALL_FUNCTION_EX(self, inst):
+        kwargs = self.pop() if inst.arg & 1 else None
+        args = self.pop()
+        fn = self.pop()
+        if self.stack and isinstance(self.stack[-1], NullVariable):
+            self.pop()
+        pos = objects.unpack_iterable(self, args)
+        kw = objects.dict_items(self, kwargs) if kwargs is not None else {}
+        self.push(objects.call(self, fn, pos, kw))
+
+    def MAKE_FUNCTION(self, inst):
+        code = self.pop().value
+        closure = self.pop().items if inst.arg & 0x08 else None
+        self.pop() if inst.arg & 0x04 else None  # annotations
+        kwdefaults = self.pop() if inst.arg & 0x02 else None
+        defaults = self.pop() if inst.arg & 0x01 else None
+        self.push(FunctionVariable(code, self.f_globals, code.co_qualname, defaults, kwdefaults, closure))
+
+    # ---- control flow ---------------------------------------------------------------------------
+    def jump(self, inst):
+        self.ip = self.index_of[inst.argval]
+
+    JUMP_FORWARD = JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = jump
+
+    def _pop_jump(self, inst, when):
+        value = self.pop()
+        if objects.truth(self, value) == when:
+            self.jump(inst)
+
+    def POP_JUMP_FORWARD_IF_TRUE(self, inst):
+        self._pop_jump(inst, True)
+
+    def POP_JUMP_FORWARD_IF_FALSE(self, inst):
+        self._pop_jump(inst, False)
+
+    POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_FORWARD_IF_TRUE
+    POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_FORWARD_IF_FALSE
+
+    def _jump_none(self, inst, when):
+        value = self.pop()
+        if objects.is_same(value, const(None)) == when:
+            self.jump(inst)
+
+    def POP_JUMP_FORWARD_IF_NONE(self, inst):
+        self._jump_none(inst, True)
+
+    def POP_JUMP_FORWARD_IF_NOT_NONE(self, inst):
+        self._jump_none(inst, False)
+
+    POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_FORWARD_IF_NONE
+    POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_FORWARD_IF_NOT_NONE
+
+    def JUMP_IF_TRUE_OR_POP(self, inst):
+        if objects.truth(self, self.stack[-1]):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def JUMP_IF_FALSE_OR_POP(self, inst):
+        if not objects.truth(self, self.stack[-1]):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def GET_ITER(self, inst):
+        self.push(objects.get_iter(self, self.pop()))
+
+    def FOR_ITER(self, inst):
+        it = self.stack[-1]
+        if not isinstance(it, IteratorVariable):
+            raise Unsupported(f"iterating over {it!r}")
+        item = it.next()
+        if item is None:
+            self.pop()
+            self.jump(inst)
+        else:
+            self.push(item)
+
+    def GET_LEN(self, inst):
+        self.push(const(len(objects.unpack_iterable(self, self.stack[-1]))))
+
+    # ---- with blocks (grad mode only) -----------------------------------------------------------
+    def BEFORE_WITH(self, inst):
+        ctx = self.pop()
+        if not isinstance(ctx, GradModeVariable):
+            raise Unsupported(f"with-block over {objects.describe(ctx)} is not supported")
+        prior = self.og.grad_enabled
+        self.og.set_grad_enabled(ctx.enabled)
+        self.push(ExitVariable(prior))
+        self.push(const(None))
+
+    # ---- imports, asserts, raise ----------------------------------------------------------------
+    def IMPORT_NAME(self, inst):
+        fromlist, level = self.pop(), self.pop()
+        module = __import__(inst.argval, self.f_globals, None, objects.const_value(fromlist),
+                            objects.const_value(level))
+        self.push(ObjectVariable(module))
+
+    def IMPORT_FROM(self, inst):
+        self.push(objects.getattr_var(self, self.stack[-1], inst.argval))
+
+    def LOAD_ASSERTION_ERROR(self, inst):
+        self.push(ObjectVariable(AssertionError))
+
+    def RAISE_VARARGS(self, inst):
+        raise Unsupported("raise statement reached during capture")
+
+
+def bind_arguments(code, args, kwargs, defaults, kwdefaults):
+    """Bind call arguments (Variables) to a code object's parameters, as CPython does; -> {name: Variable}."""
+    nargs, nkw = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    posonly = code.co_posonlyargcount
+    has_varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    bound = {}
+    for name, v in zip(names[:nargs], args):
+        bound[name] = v
+    extra = args[nargs:]
+    if extra and not has_varargs:
+        raise Unsupported(f"{code.co_name}() got too many positional arguments")
+    varkw = {}
+    for k, v in kwargs.items():
+        if k in names[posonly:nargs + nkw]:
+            if k in bound:
+                raise Unsupported(f"{code.co_name}() got multiple values for {k!r}")
+            bound[k] = v
+        elif has_varkw:
+            varkw[k] = v
+        else:
+            raise Unsupported(f"{code.co_name}() got an unexpected keyword argument {k!r}")
+    defaults = defaults or []
+    first_default = nargs - len(defaults)
+    for i, name in enumerate(names[:nargs]):
+        if name not in bound:
+            if i >= first_default:
+                bound[name] = defaults[i - first_default]
+            else:
+                raise Unsupported(f"{code.co_name}() missing argument {name!r}")
+    for name in names[nargs:nargs + nkw]:
+        if name not in bound:
+            if kwdefaults and name in kwdefaults:
+                bound[name] = kwdefaults[name]
+            else:
+                raise Unsupported(f"{code.co_name}() missing keyword argument {name!r}")
+    i = nargs + nkw
+    if has_varargs:
+        bound[names[i]] = TupleVariable(extra)
+        i += 1
+    if has_varkw:
+        bound[names[i]] = DictVariable(varkw)
+    return bound
+
+
+def inline_call(parent, fn_code, f_globals, args, kwargs, defaults, kwdefaults, closure_cells, name=None):
+    """Run a Python function's code inside the current capture; returns its result Variable."""
+    flags = fn_code.co_flags
+    if flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
+        raise Unsupported(f"calling async function {fn_code.co_name}")
+    bound = bind_arguments(fn_code, args, kwargs, defaults, kwdefaults)
+    cells = {}
+    for cname, cell in zip(fn_code.co_freevars, closure_cells or ()):
+        cells[cname] = cell
+    frame = Frame(parent.capture, fn_code, f_globals, bound, cells, parent=parent)
+    return frame.run()
+
+
+def root_frame(capture, F, L, code):
+    """The captured frame itself: arguments come from L, wrapped lazily on first read."""
+    nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
+        bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    local_values = {name: _LazyArg(i, name, L[i]) for i, name in enumerate(code.co_varnames[:nparams])}
+    cells = {}
+    closure = F.__closure__ or ()
+    for i, (name, cell) in enumerate(zip(code.co_freevars, closure)):
+        cells[name] = RealCell(cell, CellSource(name, index=i))
+    return Frame(capture, code, F.__globals__, local_values, cells, root_globals=True)
+
+
+def version_ok():
+    return sys.version_info[:2] == (3, 11)

@@ -1,0 +1,1159 @@
+"""Python semantics over Variables: calls, attributes, items, operators, truth and iteration.
+
+The interpreter calls these for every opcode that touches a value. Anything that cannot be decided
+at capture time without guessing raises Unsupported (a graph break, or an error under fullgraph).
+"""
+import builtins
+import collections
+import functools
+import inspect
+import math
+import operator
+import types
+
+import torch
+
+from kiln.capture import interpreter as interp
+from kiln.capture.disable import is_disabled_function
+from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
+from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, ExitVariable,
+                                    FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable,
+                                    ListVariable, MethodVariable, NullVariable, ObjectVariable, SetVariable,
+                                    SuperVariable, TensorVariable, TupleVariable, const, is_constant)
+from kiln.exc import Unsupported
+
+_STATEFUL_WORDS = ("seed", "set_", "rng", "manual", "deterministic", "synchronize", "empty_cache", "save",
+                   "load", "print", "register", "backward", "_log_api_usage")
+_MODULE_MOD = torch.nn.modules.module
+
+
+def describe(v):
+    if isinstance(v, (ObjectVariable, ConstantVariable)):
+        value = v.value
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+        return f"{type(value).__name__} {name}" if name else f"{type(value).__name__} object"
+    return type(v).__name__
+
+
+def wrap_const(og, value):
+    if is_constant(value):
+        return ConstantVariable(value)
+    return og.wrap(value, None, guard=False)
+
+
+def const_value(v, why="a non-constant value"):
+    """The Python value of a constant Variable (containers of constants too), else Unsupported."""
+    if isinstance(v, ConstantVariable):
+        return v.value
+    if isinstance(v, ObjectVariable) and not isinstance(v.value, (torch.nn.Module,)):
+        return v.value
+    if isinstance(v, ListVariable):
+        return [const_value(i, why) for i in v.items]
+    if isinstance(v, TupleVariable):
+        vals = [const_value(i, why) for i in v.items]
+        return v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
+    if isinstance(v, DictVariable):
+        return {k: const_value(i, why) for k, i in v.items.items()}
+    if isinstance(v, SetVariable):
+        return {const_value(i, why) for i in v.items}
+    if isinstance(v, TensorVariable):
+        raise Unsupported(f"{why}: a tensor's data is needed in Python")
+    raise Unsupported(f"{why} ({describe(v)})")
+
+
+def dict_key(k):
+    value = const_value(k, "dict key")
+    hash(value)
+    return value
+
+
+def dedup_set(items):
+    seen, out = set(), []
+    for i in items:
+        key = const_value(i, "set element")
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
+
+
+def make_tuple(items):
+    if all(isinstance(i, ConstantVariable) for i in items):
+        return const(tuple(i.value for i in items))
+    return TupleVariable(items)
+
+
+def result_var(og, value):
+    """Wrap the Python result of something run natively at capture time (a constant fold)."""
+    if is_constant(value):
+        return ConstantVariable(value)
+    if isinstance(value, list):
+        return ListVariable([result_var(og, v) for v in value])
+    if isinstance(value, tuple):
+        return TupleVariable([result_var(og, v) for v in value], cls=type(value))
+    if isinstance(value, dict):
+        return DictVariable({k: result_var(og, v) for k, v in value.items()})
+    if isinstance(value, torch.Tensor):
+        raise Unsupported("a real tensor appeared during capture")
+    return og.wrap(value, None, guard=False)
+
+
+# ---- identity, truth, containment ---------------------------------------------------------------
+def is_same(a, b):
+    if a is b:
+        return True
+    if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+        return a.fake is b.fake
+    va, vb = getattr(a, "value", _NO), getattr(b, "value", _NO)
+    if va is not _NO and vb is not _NO:
+        return va is vb
+    return False
+
+
+_NO = object()
+
+
+def truth(frame, v):
+    if isinstance(v, ConstantVariable):
+        return bool(v.value)
+    if isinstance(v, TensorVariable):
+        raise Unsupported("branching on a tensor's value (data-dependent control flow)")
+    if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
+        return bool(v.items)
+    if isinstance(v, (FunctionVariable, MethodVariable, IteratorVariable, CellVariable)):
+        return True
+    if isinstance(v, FreshObjectVariable):
+        if _python_dunder(v.cls, "__bool__") or _python_dunder(v.cls, "__len__"):
+            raise Unsupported("truth of an object with a Python __bool__/__len__")
+        return True
+    if isinstance(v, ObjectVariable):
+        value = v.value
+        if isinstance(value, torch.nn.Module):
+            if hasattr(type(value), "__len__"):
+                return len(unpack_iterable(frame, v)) > 0
+            return True
+        t = type(value)
+        if _python_dunder(t, "__bool__") or _python_dunder(t, "__len__"):
+            return truth(frame, call(frame, getattr_var(frame, v, "__bool__" if _python_dunder(t, "__bool__")
+                                                           else "__len__"), [], {}))
+        return bool(value)
+    raise Unsupported(f"truth value of {describe(v)}")
+
+
+def _python_dunder(cls, name):
+    attr = inspect.getattr_static(cls, name, None)
+    return isinstance(attr, types.FunctionType)
+
+
+def contains(frame, container, item):
+    if isinstance(container, TensorVariable) or isinstance(item, TensorVariable) and \
+            not isinstance(container, (ListVariable, TupleVariable)):
+        raise Unsupported("`in` on a tensor's data")
+    if isinstance(container, DictVariable):
+        return dict_key(item) in container.items
+    if isinstance(container, (ListVariable, TupleVariable, SetVariable)):
+        for i in container.items:
+            if is_same(i, item):
+                return True
+            if isinstance(i, ConstantVariable) and isinstance(item, ConstantVariable) and i.value == item.value:
+                return True
+        return False
+    if isinstance(container, (ConstantVariable, ObjectVariable)) and isinstance(item, ConstantVariable):
+        if isinstance(container.value, torch.nn.Module):
+            return item.value in container.value._modules
+        return item.value in container.value
+    raise Unsupported(f"`in` over {describe(container)}")
+
+
+# ---- operators ----------------------------------------------------------------------------------
+def apply_operator(frame, op, args):
+    og = frame.og
+    if op is operator.not_:
+        return const(not truth(frame, args[0]))
+    if any(isinstance(a, TensorVariable) for a in args):
+        if op is operator.contains:
+            raise Unsupported("`in` on tensor data")
+        return og.call_op("call_function", op, args, {})
+    if all(isinstance(a, ConstantVariable) for a in args):
+        try:
+            return result_var(og, op(*(a.value for a in args)))
+        except Exception as e:
+            raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
+    a = args[0]
+    if len(args) == 2:
+        b = args[1]
+        if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) and \
+                isinstance(b, (ListVariable, TupleVariable)) and (op is operator.add or True):
+            if op is operator.iadd:
+                a.items.extend(unpack_iterable(frame, b))
+                og.side_effects.mark_mutated(a)
+                return a
+            if isinstance(b, ListVariable):
+                return ListVariable(a.items + b.items)
+        if op in (operator.add, operator.iadd) and isinstance(a, (TupleVariable, ConstantVariable)) and \
+                isinstance(b, (TupleVariable, ConstantVariable)) and _is_tuple(a) and _is_tuple(b):
+            return make_tuple(unpack_iterable(frame, a) + unpack_iterable(frame, b))
+        if op in (operator.mul, operator.imul) and isinstance(a, (ListVariable, TupleVariable)) and \
+                isinstance(b, ConstantVariable) and type(b.value) is int:
+            items = a.items * b.value
+            return ListVariable(items) if isinstance(a, ListVariable) else make_tuple(items)
+        if op in (operator.eq, operator.ne):
+            if isinstance(a, (ObjectVariable, ConstantVariable)) and isinstance(b, (ObjectVariable, ConstantVariable)):
+                if not isinstance(inspect.getattr_static(type(a.value), "__eq__", None), types.FunctionType):
+                    return const(op(a.value, b.value))
+            if type(a) is not type(b) and not (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
+                return const(op is operator.ne)
+            if isinstance(a, (ListVariable, TupleVariable)) and isinstance(b, (ListVariable, TupleVariable)):
+                return const(op(const_value(a), const_value(b)))
+            if a is b or (isinstance(a, (FreshObjectVariable, FunctionVariable)) or
+                          isinstance(b, (FreshObjectVariable, FunctionVariable))):
+                return const((a is b) == (op is operator.eq))
+    name = _DUNDERS.get(op)
+    if name and isinstance(a, (ObjectVariable, FreshObjectVariable)):
+        cls = a.python_type()
+        if _python_dunder(cls, name):
+            return call(frame, getattr_var(frame, a, name), args[1:], {})
+    if isinstance(a, ObjectVariable) and all(isinstance(x, (ObjectVariable, ConstantVariable)) for x in args):
+        if not _python_dunder(type(a.value), name or "__eq__"):
+            try:
+                return result_var(og, op(*(x.value for x in args)))
+            except Exception as e:
+                raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
+    raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
+
+
+def _is_tuple(v):
+    return isinstance(v, TupleVariable) or (isinstance(v, ConstantVariable) and type(v.value) in (tuple, torch.Size))
+
+
+_DUNDERS = {operator.add: "__add__", operator.sub: "__sub__", operator.mul: "__mul__",
+            operator.truediv: "__truediv__", operator.matmul: "__matmul__", operator.eq: "__eq__",
+            operator.ne: "__ne__", operator.lt: "__lt__", operator.le: "__le__", operator.gt: "__gt__",
+            operator.ge: "__ge__", operator.neg: "__neg__", operator.getitem: "__getitem__"}
+
+
+# ---- items --------------------------------------------------------------------------------------
+def getitem(frame, obj, key):
+    og = frame.og
+    if isinstance(obj, TensorVariable):
+        return og.call_op("call_function", operator.getitem, [obj, key], {})
+    if isinstance(key, TensorVariable):
+        raise Unsupported("indexing a Python container with a tensor")
+    if isinstance(obj, (ListVariable, TupleVariable)):
+        k = const_value(key, "index")
+        if isinstance(k, slice):
+            items = obj.items[k]
+            return ListVariable(items) if isinstance(obj, ListVariable) else make_tuple(items)
+        try:
+            return obj.items[k]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+    if isinstance(obj, DictVariable):
+        k = dict_key(key)
+        if k not in obj.items:
+            raise Unsupported(f"KeyError {k!r}")
+        return obj.items[k]
+    if isinstance(obj, ConstantVariable):
+        try:
+            return result_var(og, obj.value[const_value(key, "index")])
+        except Exception as e:
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+    if isinstance(obj, ObjectVariable) and isinstance(obj.value, torch.nn.Module):
+        mod = obj.value
+        k = const_value(key, "module index")
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)) and type(k) is int:
+            names = list(mod._modules)
+            if not -len(names) <= k < len(names):
+                raise Unsupported("module index out of range")
+            og.guards.len_match(AttrSource(obj.source, "_modules"), mod._modules)
+            return _child(og, obj, names[k])
+        if isinstance(mod, torch.nn.ModuleDict) and isinstance(k, str):
+            return _child(og, obj, k)
+        if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            k = str(k) if isinstance(mod, torch.nn.ParameterList) else k
+            return og.wrap(mod._parameters[k], ItemSource(AttrSource(obj.source, "_parameters"), k))
+    if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and _python_dunder(obj.python_type(), "__getitem__"):
+        return call(frame, getattr_var(frame, obj, "__getitem__"), [key], {})
+    raise Unsupported(f"indexing {describe(obj)}")
+
+
+def _child(og, mod_var, name):
+    value = mod_var.value._modules[name]
+    return og.wrap(value, ItemSource(AttrSource(mod_var.source, "_modules"), name))
+
+
+def setitem(frame, obj, key, value):
+    og = frame.og
+    if isinstance(obj, TensorVariable):
+        og.call_op("call_function", operator.setitem, [obj, key, value], {})
+        return
+    if isinstance(obj, ListVariable):
+        k = const_value(key, "index")
+        try:
+            obj.items[k] = value if not isinstance(k, slice) else unpack_iterable(frame, value)
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"list assignment raised {e}") from e
+        og.side_effects.mark_mutated(obj)
+        return
+    if isinstance(obj, DictVariable):
+        obj.items[dict_key(key)] = value
+        og.side_effects.mark_mutated(obj)
+        return
+    raise Unsupported(f"item assignment on {describe(obj)}")
+
+
+# ---- iteration ----------------------------------------------------------------------------------
+def unpack_iterable(frame, v):
+    if isinstance(v, (ListVariable, TupleVariable, SetVariable)):
+        return list(v.items)
+    if isinstance(v, DictVariable):
+        return [const(k) for k in v.items]
+    if isinstance(v, IteratorVariable):
+        items = v.items[v.pos:]
+        v.pos = len(v.items)
+        return items
+    if isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, str, range, frozenset, bytes, torch.Size)):
+        return [const(x) for x in v.value]
+    if isinstance(v, TensorVariable):
+        if v.fake.dim() == 0:
+            raise Unsupported("iterating over a 0-d tensor")
+        return unpack_iterable(frame, frame.og.call_op("call_method", "unbind", [v], {}))
+    if isinstance(v, ObjectVariable) and isinstance(v.value, torch.nn.Module):
+        mod = v.value
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
+            frame.og.guards.len_match(AttrSource(v.source, "_modules"), mod._modules)
+            return [_child(frame.og, v, name) for name in mod._modules]
+        if isinstance(mod, torch.nn.ModuleDict):
+            frame.og.guards.keys_match(AttrSource(v.source, "_modules"), mod._modules)
+            return [const(k) for k in mod._modules]
+        if isinstance(mod, torch.nn.ParameterList):
+            frame.og.guards.keys_match(AttrSource(v.source, "_parameters"), mod._parameters)
+            return [og_param(frame.og, v, k) for k in mod._parameters]
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
+        it = call(frame, getattr_var(frame, v, "__iter__"), [], {})
+        return unpack_iterable(frame, it)
+    raise Unsupported(f"iterating over {describe(v)}")
+
+
+def og_param(og, mod_var, name):
+    return og.wrap(mod_var.value._parameters[name], ItemSource(AttrSource(mod_var.source, "_parameters"), name))
+
+
+def get_iter(frame, v):
+    if isinstance(v, IteratorVariable):
+        return v
+    return IteratorVariable(unpack_iterable(frame, v))
+
+
+def dict_items(frame, v):
+    if isinstance(v, DictVariable):
+        return dict(v.items)
+    if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
+        return {k: const(x) for k, x in v.value.items()}
+    raise Unsupported(f"** over {describe(v)}")
+
+
+# ---- attributes ---------------------------------------------------------------------------------
+_TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+
+
+def getattr_var(frame, obj, name):
+    og = frame.og
+    if isinstance(obj, TensorVariable):
+        return _tensor_attr(og, obj, name)
+    if isinstance(obj, ConstantVariable):
+        try:
+            return result_var(og, getattr(obj.value, name))
+        except AttributeError as e:
+            raise Unsupported(f"AttributeError: {e}") from e
+    if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
+        if name in ("__class__",):
+            return og.wrap(obj.python_type(), None, guard=False)
+        return MethodVariable(name, obj)
+    if isinstance(obj, FreshObjectVariable):
+        if name in obj.attrs:
+            return obj.attrs[name]
+        if name == "__class__":
+            return og.wrap(obj.cls, None, guard=False)
+        return _class_attr(frame, obj, obj.cls, name)
+    if isinstance(obj, SuperVariable):
+        return _super_attr(frame, obj, name)
+    if isinstance(obj, FunctionVariable):
+        if name in ("__name__", "__qualname__"):
+            return const(obj.name)
+        raise Unsupported(f"attribute {name} of a nested function")
+    if isinstance(obj, ObjectVariable):
+        stored = og.side_effects.load_attr(obj.value, name)
+        if stored is not None:
+            return stored
+        return _object_attr(frame, obj, name)
+    if isinstance(obj, GradModeVariable) and name in ("__enter__", "__exit__"):
+        raise Unsupported("explicit __enter__/__exit__ calls")
+    raise Unsupported(f"attribute {name!r} of {describe(obj)}")
+
+
+def _tensor_attr(og, t, name):
+    if name in ("grad", "grad_fn", "_version", "_base", "_cdata"):
+        raise Unsupported(f"Tensor.{name} during capture")
+    if name == "data":
+        return og.call_op("call_method", "detach", [t], {})
+    if name in _TENSOR_VALUE_ATTRS:
+        return og.call_op("call_function", getattr, [t, const(name)], {})
+    if name == "__class__":
+        return og.wrap(t.python_type(), None, guard=False)
+    try:
+        attr = getattr(t.fake, name)
+    except AttributeError as e:
+        raise Unsupported(f"AttributeError: {e}") from e
+    if callable(attr):
+        return MethodVariable(name, t)
+    if isinstance(attr, torch.Tensor):
+        raise Unsupported(f"tensor-valued attribute Tensor.{name}")
+    if not is_constant(attr):
+        raise Unsupported(f"Tensor.{name} of type {type(attr).__name__}")
+    return const(attr)
+
+
+def _object_attr(frame, obj, name):
+    og, value, source = frame.og, obj.value, obj.source
+    if isinstance(value, types.ModuleType):
+        try:
+            attr = getattr(value, name)
+        except AttributeError as e:
+            raise Unsupported(f"AttributeError: {e}") from e
+        return og.wrap(attr, AttrSource(source, name) if source else None,
+                       guard=source is not None)
+    if isinstance(value, torch.nn.Module):
+        d = value.__dict__
+        if name in d:
+            return og.wrap(d[name], AttrSource(source, name))
+        for store in ("_parameters", "_buffers", "_modules"):
+            if name in d.get(store, ()):
+                return og.wrap(d[store][name], ItemSource(AttrSource(source, store), name))
+        return _class_attr(frame, obj, type(value), name)
+    if isinstance(value, type):
+        try:
+            raw = inspect.getattr_static(value, name)
+        except AttributeError as e:
+            raise Unsupported(f"AttributeError: {e}") from e
+        if isinstance(raw, classmethod):
+            return MethodVariable(raw.__func__, obj)
+        if isinstance(raw, staticmethod):
+            return og.wrap(raw.__func__, None, guard=False)
+        attr = getattr(value, name)
+        return og.wrap(attr, AttrSource(source, name) if source else None, guard=source is not None)
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or callable(value) \
+            and not hasattr(value, "__dict__"):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return const(getattr(value, name))
+        if isinstance(value, types.MethodType) and name in ("__self__", "__func__"):
+            return og.wrap(getattr(value, name), AttrSource(source, name) if source else None)
+    inst_dict = getattr(value, "__dict__", None)
+    cls_attr = inspect.getattr_static(type(value), name, _NO)
+    is_data_descriptor = cls_attr is not _NO and hasattr(type(cls_attr), "__set__")
+    if isinstance(inst_dict, dict) and name in inst_dict and not is_data_descriptor:
+        return og.wrap(inst_dict[name], AttrSource(source, name) if source else None, guard=source is not None)
+    return _class_attr(frame, obj, type(value), name)
+
+
+def _class_attr(frame, obj, cls, name):
+    og = frame.og
+    try:
+        raw = inspect.getattr_static(cls, name)
+    except AttributeError:
+        getattr_hook = inspect.getattr_static(cls, "__getattr__", None)
+        if isinstance(getattr_hook, types.FunctionType):
+            return call(frame, MethodVariable(getattr_hook, obj), [const(name)], {})
+        raise Unsupported(f"AttributeError: {cls.__qualname__} has no attribute {name!r}") from None
+    if isinstance(raw, types.FunctionType):
+        return MethodVariable(raw, obj)
+    if isinstance(raw, staticmethod):
+        return og.wrap(raw.__func__, None, guard=False)
+    if isinstance(raw, classmethod):
+        return MethodVariable(raw.__func__, og.wrap(cls, None, guard=False))
+    if isinstance(raw, property):
+        if raw.fget is None:
+            raise Unsupported(f"unreadable property {name}")
+        return call(frame, MethodVariable(raw.fget, obj), [], {})
+    if isinstance(raw, functools.cached_property):
+        raise Unsupported("functools.cached_property")
+    if isinstance(obj, ObjectVariable) and obj.source is not None:
+        value = getattr(obj.value, name)
+        if isinstance(value, types.MethodType) and value.__self__ is obj.value:
+            return MethodVariable(value.__func__, obj)
+        return og.wrap(value, AttrSource(obj.source, name))
+    if hasattr(type(raw), "__get__") and not isinstance(raw, (types.BuiltinFunctionType,)):
+        if isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+            return MethodVariable(raw, obj)
+        raise Unsupported(f"descriptor {type(raw).__name__} {name}")
+    return og.wrap(raw, None, guard=False) if not is_constant(raw) else const(raw)
+
+
+def _super_attr(frame, sup, name):
+    mro = sup.obj.python_type().__mro__ if not isinstance(sup.obj, ObjectVariable) or \
+        not isinstance(sup.obj.value, type) else sup.obj.value.__mro__
+    start = mro.index(sup.cls) + 1
+    for klass in mro[start:]:
+        if name in klass.__dict__:
+            raw = klass.__dict__[name]
+            if isinstance(raw, types.FunctionType):
+                return MethodVariable(raw, sup.obj)
+            if isinstance(raw, classmethod):
+                return MethodVariable(raw.__func__, frame.og.wrap(sup.obj.python_type(), None, guard=False))
+            if isinstance(raw, staticmethod):
+                return frame.og.wrap(raw.__func__, None, guard=False)
+            if isinstance(raw, property):
+                return call(frame, MethodVariable(raw.fget, sup.obj), [], {})
+            if isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+                return MethodVariable(raw, sup.obj)
+            return wrap_const(frame.og, raw)
+    raise Unsupported(f"super() has no attribute {name!r}")
+
+
+def setattr_var(frame, obj, name, value):
+    og = frame.og
+    if isinstance(obj, FreshObjectVariable):
+        if _python_dunder(obj.cls, "__setattr__"):
+            raise Unsupported("a class with its own __setattr__")
+        obj.attrs[name] = value
+        return
+    if isinstance(obj, ObjectVariable) and obj.source is not None and not isinstance(obj.value, (type, types.ModuleType)):
+        value_obj = obj.value
+        if isinstance(value_obj, torch.nn.Module):
+            if isinstance(value, TensorVariable) and (name in value_obj._parameters or
+                                                      isinstance(value.python_type(), torch.nn.Parameter)):
+                raise Unsupported("assigning a parameter during capture")
+            if name in value_obj._modules or name in value_obj._parameters:
+                raise Unsupported("replacing a submodule or parameter during capture")
+        elif _python_dunder(type(value_obj), "__setattr__"):
+            raise Unsupported("setattr on an object with its own __setattr__")
+        elif inspect.getattr_static(type(value_obj), name, None) is not None and \
+                hasattr(type(inspect.getattr_static(type(value_obj), name)), "__set__"):
+            raise Unsupported(f"setting descriptor attribute {name}")
+        og.side_effects.store_attr(obj, name, value)
+        return
+    raise Unsupported(f"setting attribute {name!r} on {describe(obj)}")
+
+
+# ---- calls --------------------------------------------------------------------------------------
+def call(frame, fn, args, kwargs):
+    og = frame.og
+    if isinstance(fn, MethodVariable):
+        return _call_method_var(frame, fn, args, kwargs)
+    if isinstance(fn, FunctionVariable):
+        defaults = fn.defaults.items if isinstance(fn.defaults, TupleVariable) else \
+            [const(d) for d in fn.defaults.value] if fn.defaults is not None else None
+        kwdefaults = dict_items(frame, fn.kwdefaults) if fn.kwdefaults is not None else None
+        return interp.inline_call(frame, fn.code, fn.f_globals, args, kwargs, defaults, kwdefaults, fn.closure)
+    if isinstance(fn, ExitVariable):
+        og.set_grad_enabled(fn.prior)
+        return const(None)
+    if isinstance(fn, (ObjectVariable, ConstantVariable)):
+        return _call_value(frame, fn, args, kwargs)
+    raise Unsupported(f"calling {describe(fn)}")
+
+
+def _call_method_var(frame, m, args, kwargs):
+    obj, fn = m.obj, m.fn
+    if isinstance(fn, str):
+        if isinstance(obj, TensorVariable):
+            return _tensor_method(frame, obj, fn, args, kwargs)
+        return call_method(frame, obj, fn, args, kwargs)
+    if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+        if fn is object.__init__:
+            return const(None)
+        return call(frame, ObjectVariable(fn), [obj] + list(args), kwargs)
+    if isinstance(fn, FunctionVariable):
+        return call(frame, fn, [obj] + list(args), kwargs)
+    return call_python_function(frame, fn, [obj] + list(args), kwargs)
+
+
+def _tensor_method(frame, t, name, args, kwargs):
+    if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
+                "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
+        if name == "__len__":
+            return const(len(t.fake))
+        raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
+    return frame.og.call_op("call_method", name, [t] + list(args), kwargs)
+
+
+def call_python_function(frame, fn, args, kwargs):
+    """Inline a plain Python function (existing object)."""
+    if is_disabled_function(fn):
+        raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}")
+    fn = getattr(fn, "__kiln_orig__", fn)
+    if not isinstance(fn, types.FunctionType):
+        return call(frame, frame.og.wrap(fn, None, guard=False), args, kwargs)
+    if _is_torch_op(fn):
+        return _call_torch(frame, fn, args, kwargs)
+    og = frame.og
+    defaults = None
+    if fn.__defaults__:
+        src = ConstSource(fn.__defaults__)
+        defaults = [og.wrap(d, ItemSource(src, i)) for i, d in enumerate(fn.__defaults__)]
+    kwdefaults = None
+    if fn.__kwdefaults__:
+        src = ConstSource(fn.__kwdefaults__)
+        kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
+    cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())]
+    return interp.inline_call(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
+
+
+def _is_torch_op(fn):
+    """Functions that go into the graph as one call instead of being inlined."""
+    mod = getattr(fn, "__module__", None) or ""
+    if isinstance(fn, types.FunctionType):
+        if not mod.startswith("torch"):
+            return False
+        if mod.startswith(("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim")):
+            return False
+        return "." not in fn.__qualname__ or mod == "torch._tensor"
+    if isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
+        objclass = getattr(fn, "__objclass__", None)
+        if objclass is not None:
+            return objclass in (torch._C.TensorBase, torch.Tensor)
+        return mod.startswith("torch")
+    return isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+
+
+def _call_torch(frame, fn, args, kwargs):
+    og = frame.og
+    if fn is torch.is_grad_enabled:
+        return const(og.grad_enabled)
+    name = getattr(fn, "__name__", "")
+    has_tensor = any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs))
+    if not has_tensor and any(w in name.lower() for w in _STATEFUL_WORDS):
+        raise Unsupported(f"torch.{name} changes global state")
+    if any(isinstance(a, (FunctionVariable, MethodVariable)) for a in _leaves(args, kwargs)):
+        raise Unsupported(f"torch function {name} called with a Python function argument")
+    return og.call_op("call_function", fn, list(args), kwargs)
+
+
+def _leaves(args, kwargs):
+    out = []
+
+    def visit(v):
+        if isinstance(v, (ListVariable, TupleVariable, SetVariable)):
+            for i in v.items:
+                visit(i)
+        elif isinstance(v, DictVariable):
+            for i in v.items.values():
+                visit(i)
+        else:
+            out.append(v)
+    for a in list(args) + list(kwargs.values()):
+        visit(a)
+    return out
+
+
+def _call_value(frame, fn_var, args, kwargs):
+    og = frame.og
+    fn = fn_var.value
+    if is_disabled_function(fn):
+        raise Unsupported(f"call to kiln.disable'd function {getattr(fn, '__qualname__', fn)}")
+    if hasattr(fn, "__kiln_orig__"):
+        fn = fn.__kiln_orig__
+        if isinstance(fn, torch.nn.Module):
+            return call_module(frame, og.wrap(fn, AttrSource(fn_var.source, "__kiln_orig__")
+                                              if fn_var.source else None), args, kwargs)
+    if isinstance(fn, torch.nn.Module):
+        return call_module(frame, fn_var, args, kwargs)
+    if isinstance(fn, types.MethodType):
+        self_var = og.wrap(fn.__self__, AttrSource(fn_var.source, "__self__") if fn_var.source else None)
+        func = fn.__func__
+        if isinstance(func, types.FunctionType):
+            return call_python_function(frame, func, [self_var] + list(args), kwargs)
+        return call(frame, og.wrap(func, None, guard=False), [self_var] + list(args), kwargs)
+    if isinstance(fn, types.FunctionType):
+        return call_python_function(frame, fn, args, kwargs)
+    handler = BUILTIN_HANDLERS.get(_key(fn))
+    if handler is not None:
+        return handler(frame, args, kwargs)
+    if _is_torch_op(fn):
+        return _call_torch(frame, fn, args, kwargs)
+    if isinstance(fn, type):
+        return _construct(frame, fn_var, fn, args, kwargs)
+    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") or \
+            (isinstance(fn, types.BuiltinFunctionType) and isinstance(getattr(fn, "__self__", None), (str, int, float, tuple, bytes))):
+        if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
+            if getattr(fn, "__module__", None) in ("operator", "_operator"):
+                return apply_operator(frame, fn, list(args))
+            raise Unsupported(f"{fn.__name__} on a tensor needs its data in Python")
+        return _fold(og, fn, args, kwargs)
+    if isinstance(fn, functools.partial):
+        return call(frame, og.wrap(fn.func, None, guard=False),
+                    [wrap_const(og, a) for a in fn.args] + list(args), {**{k: wrap_const(og, v) for k, v in fn.keywords.items()}, **kwargs})
+    call_attr = inspect.getattr_static(type(fn), "__call__", None)
+    if isinstance(call_attr, types.FunctionType):
+        return call_python_function(frame, call_attr, [fn_var] + list(args), kwargs)
+    raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)")
+
+
+def _key(fn):
+    try:
+        hash(fn)
+        return fn
+    except TypeError:
+        return None
+
+
+def _fold(og, fn, args, kwargs):
+    try:
+        values = [const_value(a) for a in args]
+        kw = {k: const_value(v) for k, v in kwargs.items()}
+        return result_var(og, fn(*values, **kw))
+    except Unsupported:
+        raise
+    except Exception as e:
+        raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+
+
+def _construct(frame, cls_var, cls, args, kwargs):
+    og = frame.og
+    if cls in (torch.no_grad, torch.enable_grad):
+        return GradModeVariable(cls is torch.enable_grad, cls)
+    if cls is torch.set_grad_enabled:
+        return _set_grad_enabled(frame, args, kwargs)
+    if issubclass(cls, torch.nn.Module):
+        raise Unsupported(f"creating module {cls.__qualname__} inside compiled code")
+    if issubclass(cls, BaseException):
+        raise Unsupported(f"creating exception {cls.__qualname__}")
+    if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
+        if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or cls.__module__ == "builtins":
+            return _fold(og, cls, args, kwargs)
+        raise Unsupported(f"constructing {cls.__qualname__}")
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        values = dict(zip(cls._fields, args))
+        values.update(kwargs)
+        for name, default in cls._field_defaults.items():
+            values.setdefault(name, wrap_const(og, default))
+        if set(values) != set(cls._fields):
+            raise Unsupported(f"bad arguments to namedtuple {cls.__qualname__}")
+        return TupleVariable([values[f] for f in cls._fields], cls=cls)
+    if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
+        raise Unsupported(f"constructing {cls.__qualname__}")
+    if cls.__new__ is not object.__new__ or _python_dunder(cls, "__setattr__"):
+        raise Unsupported(f"constructing {cls.__qualname__} (custom __new__/__setattr__)")
+    obj = FreshObjectVariable(cls)
+    init = inspect.getattr_static(cls, "__init__", None)
+    if isinstance(init, types.FunctionType):
+        call_python_function(frame, init, [obj] + list(args), kwargs)
+    elif args or kwargs:
+        raise Unsupported(f"constructing {cls.__qualname__} with arguments")
+    return obj
+
+
+def _set_grad_enabled(frame, args, kwargs):
+    mode = const_value(args[0] if args else kwargs["mode"], "set_grad_enabled mode")
+    return GradModeVariable(bool(mode), torch.set_grad_enabled)
+
+
+def call_module(frame, mod_var, args, kwargs):
+    """`module(*args)`: forward pre-hooks, forward, forward hooks — guarded on the hook dicts."""
+    og, mod = frame.og, mod_var.value
+    if mod_var.source is None:
+        raise Unsupported("calling a module with no known origin")
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if not og.hook_globals_guarded:
+        mm = og.guards.const(_MODULE_MOD, "MM")
+        og.guards.add(None, f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks or "
+                            f"{mm}._global_backward_hooks or {mm}._global_backward_pre_hooks)",
+                      "no global module hooks")
+        og.hook_globals_guarded = True
+        if any(getattr(_MODULE_MOD, "_global" + h) for h in hooks):
+            raise Unsupported("global module hooks")
+    if mod._backward_hooks or mod._backward_pre_hooks:
+        raise Unsupported("module backward hooks")
+    og.guards.add(mod_var.source, f"not (v._backward_hooks or v._backward_pre_hooks)",
+                  f"{mod_var.source!r} has no backward hooks")
+    pre, post = mod._forward_pre_hooks, mod._forward_hooks
+    for d, name in ((pre, "_forward_pre_hooks"), (post, "_forward_hooks")):
+        if not d:
+            og.guards.add(mod_var.source, f"not v.{name}", f"{mod_var.source!r}.{name} is empty")
+        else:
+            vals = og.guards.const(tuple(d.items()), "HOOKS")
+            og.guards.add(mod_var.source, f"tuple(v.{name}.items()) == {vals}", f"{mod_var.source!r}.{name} unchanged")
+    if pre or post:
+        for d in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
+            vals = og.guards.const(tuple(getattr(mod, d)), "HK")
+            og.guards.add(mod_var.source, f"tuple(v.{d}) == {vals}", f"{mod_var.source!r}.{d} unchanged")
+    args = list(args)
+    for hook_id, hook in pre.items():
+        hook_var = og.wrap(hook, None, guard=False)
+        if hook_id in mod._forward_pre_hooks_with_kwargs:
+            res = call(frame, hook_var, [mod_var, TupleVariable(args), DictVariable(kwargs)], {})
+            if not is_same(res, const(None)):
+                new_args, new_kwargs = unpack_iterable(frame, res)
+                args, kwargs = unpack_iterable(frame, new_args), dict_items(frame, new_kwargs)
+        else:
+            res = call(frame, hook_var, [mod_var, TupleVariable(args)], {})
+            if not is_same(res, const(None)):
+                args = unpack_iterable(frame, res) if isinstance(res, (TupleVariable,)) or \
+                    (isinstance(res, ConstantVariable) and type(res.value) is tuple) else [res]
+    forward = getattr_var(frame, mod_var, "forward")
+    result = call(frame, forward, args, kwargs)
+    for hook_id, hook in post.items():
+        hook_var = og.wrap(hook, None, guard=False)
+        if hook_id in mod._forward_hooks_with_kwargs:
+            res = call(frame, hook_var, [mod_var, TupleVariable(args), DictVariable(kwargs), result], {})
+        else:
+            res = call(frame, hook_var, [mod_var, TupleVariable(args), result], {})
+        if not is_same(res, const(None)):
+            result = res
+    return result
+
+
+# ---- methods of Python containers and constants -------------------------------------------------
+def call_method(frame, obj, name, args, kwargs):
+    og = frame.og
+    if isinstance(obj, ListVariable):
+        return _list_method(frame, obj, name, args, kwargs)
+    if isinstance(obj, DictVariable):
+        return _dict_method(frame, obj, name, args, kwargs)
+    if isinstance(obj, (TupleVariable, SetVariable)):
+        if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
+                    "intersection", "difference"):
+            if name == "__getitem__":
+                return getitem(frame, obj, args[0])
+            return _fold(og, getattr(const_value(obj), name), args, kwargs)
+        raise Unsupported(f"{type(obj).__name__}.{name}")
+    if isinstance(obj, ConstantVariable):
+        return _fold(og, getattr(obj.value, name), args, kwargs)
+    if name == "__delitem__" and isinstance(obj, TensorVariable):
+        raise Unsupported("del on a tensor item")
+    raise Unsupported(f"method {name} of {describe(obj)}")
+
+
+def _list_method(frame, lst, name, args, kwargs):
+    og = frame.og
+    mutating = name in ("append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort", "__setitem__",
+                        "__delitem__")
+    if name == "append":
+        lst.items.append(args[0])
+        result = const(None)
+    elif name == "extend":
+        lst.items.extend(unpack_iterable(frame, args[0]))
+        result = const(None)
+    elif name == "insert":
+        lst.items.insert(const_value(args[0]), args[1])
+        result = const(None)
+    elif name == "pop":
+        if not lst.items:
+            raise Unsupported("pop from empty list")
+        result = lst.items.pop(const_value(args[0]) if args else -1)
+    elif name == "clear":
+        lst.items.clear()
+        result = const(None)
+    elif name == "reverse":
+        lst.items.reverse()
+        result = const(None)
+    elif name == "copy":
+        return ListVariable(lst.items)
+    elif name in ("index", "count", "__len__", "__contains__"):
+        return _fold(og, getattr(const_value(lst), name), args, kwargs)
+    elif name == "__getitem__":
+        return getitem(frame, lst, args[0])
+    elif name == "__setitem__":
+        setitem(frame, lst, args[0], args[1])
+        return const(None)
+    elif name == "__delitem__":
+        k = const_value(args[0])
+        del lst.items[k]
+        result = const(None)
+    elif name == "remove":
+        for i, item in enumerate(lst.items):
+            if is_same(item, args[0]) or (isinstance(item, ConstantVariable) and isinstance(args[0], ConstantVariable)
+                                          and item.value == args[0].value):
+                del lst.items[i]
+                break
+        else:
+            raise Unsupported("list.remove(x): x not in list")
+        result = const(None)
+    elif name == "sort":
+        values = const_value(lst, "sorting")
+        key = kwargs.get("key")
+        if key is not None:
+            raise Unsupported("list.sort with key")
+        order = sorted(range(len(values)), key=lambda i: values[i], reverse=bool(const_value(kwargs.get("reverse", const(False)))))
+        lst.items[:] = [lst.items[i] for i in order]
+        result = const(None)
+    else:
+        raise Unsupported(f"list.{name}")
+    if mutating:
+        og.side_effects.mark_mutated(lst)
+    return result
+
+
+def _dict_method(frame, d, name, args, kwargs):
+    og = frame.og
+    if name == "keys":
+        return ListVariable([const(k) for k in d.items])
+    if name == "values":
+        return ListVariable(list(d.items.values()))
+    if name == "items":
+        return ListVariable([TupleVariable([const(k), v]) if not isinstance(v, ConstantVariable)
+                             else const((k, v.value)) for k, v in d.items.items()])
+    if name in ("get", "__getitem__"):
+        k = dict_key(args[0])
+        if k in d.items:
+            return d.items[k]
+        if name == "__getitem__":
+            raise Unsupported(f"KeyError {k!r}")
+        return args[1] if len(args) > 1 else const(None)
+    if name == "__contains__":
+        return const(dict_key(args[0]) in d.items)
+    if name == "__len__":
+        return const(len(d.items))
+    if name == "copy":
+        return DictVariable(d.items, cls=d.cls)
+    if name in ("__setitem__", "update", "pop", "setdefault", "clear", "__delitem__", "popitem"):
+        og.side_effects.mark_mutated(d)
+        if name == "__setitem__":
+            d.items[dict_key(args[0])] = args[1]
+            return const(None)
+        if name == "update":
+            for a in args:
+                d.items.update(dict_items(frame, a))
+            d.items.update(kwargs)
+            return const(None)
+        if name == "pop":
+            k = dict_key(args[0])
+            if k in d.items:
+                return d.items.pop(k)
+            if len(args) > 1:
+                return args[1]
+            raise Unsupported(f"KeyError {k!r}")
+        if name == "setdefault":
+            k = dict_key(args[0])
+            if k not in d.items:
+                d.items[k] = args[1] if len(args) > 1 else const(None)
+            return d.items[k]
+        if name == "clear":
+            d.items.clear()
+            return const(None)
+        if name == "__delitem__":
+            k = dict_key(args[0])
+            if k not in d.items:
+                raise Unsupported(f"KeyError {k!r}")
+            del d.items[k]
+            return const(None)
+    raise Unsupported(f"dict.{name}")
+
+
+# ---- builtins -----------------------------------------------------------------------------------
+def _b_len(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, TensorVariable):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return const(v.fake.shape[0])
+    if isinstance(v, ConstantVariable):
+        return const(len(v.value))
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not isinstance(getattr(v, "value", None), torch.nn.Module) \
+            and _python_dunder(v.python_type(), "__len__"):
+        return call(frame, getattr_var(frame, v, "__len__"), [], {})
+    return const(len(unpack_iterable(frame, v)))
+
+
+def _b_isinstance(frame, args, kwargs):
+    obj, classes = args
+    cls = const_value(classes, "isinstance class")
+    t = obj.python_type()
+    if isinstance(obj, TensorVariable) and t is torch.Tensor:
+        return const(isinstance(torch.empty(0), cls) if not (isinstance(cls, type) and issubclass(cls, torch.nn.Parameter))
+                     else False)
+    if isinstance(obj, (ObjectVariable, ConstantVariable)):
+        return const(isinstance(obj.value, cls))
+    return const(issubclass(t, cls))
+
+
+def _b_type(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments")
+    return frame.og.wrap(args[0].python_type(), None, guard=False)
+
+
+def _b_getattr(frame, args, kwargs):
+    name = const_value(args[1], "getattr name")
+    try:
+        return getattr_var(frame, args[0], name)
+    except Unsupported as e:
+        if len(args) > 2 and "AttributeError" in str(e):
+            return args[2]
+        raise
+
+
+def _b_hasattr(frame, args, kwargs):
+    name = const_value(args[1], "hasattr name")
+    try:
+        getattr_var(frame, args[0], name)
+        return const(True)
+    except Unsupported as e:
+        if "AttributeError" in str(e) or "has no attribute" in str(e):
+            return const(False)
+        raise
+
+
+def _b_setattr(frame, args, kwargs):
+    setattr_var(frame, args[0], const_value(args[1]), args[2])
+    return const(None)
+
+
+def _iterable_builtin(fn):
+    def handler(frame, args, kwargs):
+        lists = [unpack_iterable(frame, a) for a in args]
+        if fn is enumerate:
+            start = const_value(kwargs.get("start", const(0))) if not args[1:] else const_value(args[1])
+            return IteratorVariable([make_tuple([const(i + start), v]) for i, v in enumerate(lists[0])])
+        if fn is zip:
+            return IteratorVariable([make_tuple(list(t)) for t in zip(*lists)])
+        if fn is reversed:
+            return IteratorVariable(list(reversed(lists[0])))
+        if fn is iter:
+            return IteratorVariable(lists[0])
+        if fn is list:
+            return ListVariable(lists[0] if lists else [])
+        if fn is tuple:
+            return make_tuple(lists[0] if lists else [])
+        raise AssertionError(fn)
+    return handler
+
+
+def _b_next(frame, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorVariable):
+        raise Unsupported(f"next() on {describe(it)}")
+    item = it.next()
+    if item is None:
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported("StopIteration")
+    return item
+
+
+def _b_dict(frame, args, kwargs):
+    items = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            items.update(src.items)
+        else:
+            for pair in unpack_iterable(frame, src):
+                k, v = unpack_iterable(frame, pair)
+                items[dict_key(k)] = v
+    items.update(kwargs)
+    return DictVariable(items)
+
+
+def _b_set(frame, args, kwargs):
+    return SetVariable(dedup_set(unpack_iterable(frame, args[0]) if args else []))
+
+
+def _reducing(fn):
+    def handler(frame, args, kwargs):
+        items = unpack_iterable(frame, args[0])
+        if fn in (any, all):
+            return const(fn(truth(frame, i) for i in items))
+        result = args[1] if len(args) > 1 else kwargs.get("start", const(0))
+        for i in items:
+            result = apply_operator(frame, operator.add, [result, i])
+        return result
+    return handler
+
+
+def _b_super(frame, args, kwargs):
+    if args:
+        cls = const_value(args[0])
+        return SuperVariable(cls, args[1])
+    cell = frame.cells.get("__class__")
+    if cell is None:
+        raise Unsupported("super() outside a method")
+    cls = frame.load_cell(cell, "__class__").value
+    first = frame.code.co_varnames[0]
+    obj = frame.cells[first].contents if first in frame.cells and isinstance(frame.cells[first], CellVariable) \
+        else frame.load_local(first)
+    return SuperVariable(cls, obj)
+
+
+def _b_print(frame, args, kwargs):
+    raise Unsupported("print() has side effects outside the graph")
+
+
+def _b_callable(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, (FunctionVariable, MethodVariable)):
+        return const(True)
+    if isinstance(v, (ObjectVariable, ConstantVariable)):
+        return const(callable(v.value))
+    return const(False)
+
+
+def _b_id(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, ObjectVariable):
+        return const(id(v.value))
+    raise Unsupported("id() of a value made during capture")
+
+
+def _b_abs(frame, args, kwargs):
+    return apply_operator(frame, operator.abs, args)
+
+
+def _b_minmax(fn):
+    def handler(frame, args, kwargs):
+        items = unpack_iterable(frame, args[0]) if len(args) == 1 else list(args)
+        if any(isinstance(i, TensorVariable) for i in items):
+            raise Unsupported(f"{fn.__name__}() over tensors needs their data")
+        return _fold(frame.og, fn, [ListVariable(items)], kwargs)
+    return handler
+
+
+def _b_isinstance_sub(frame, args, kwargs):
+    return const(issubclass(const_value(args[0]), const_value(args[1])))
+
+
+def _b_numeric(fn):
+    def handler(frame, args, kwargs):
+        if args and isinstance(args[0], TensorVariable):
+            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data")
+        return _fold(frame.og, fn, args, kwargs)
+    return handler
+
+
+def _b_map(frame, args, kwargs):
+    fn, lists = args[0], [unpack_iterable(frame, a) for a in args[1:]]
+    return IteratorVariable([call(frame, fn, list(items), {}) for items in zip(*lists)])
+
+
+def _b_filter(frame, args, kwargs):
+    fn, items = args[0], unpack_iterable(frame, args[1])
+    if is_same(fn, const(None)):
+        return IteratorVariable([i for i in items if truth(frame, i)])
+    return IteratorVariable([i for i in items if truth(frame, call(frame, fn, [i], {}))])
+
+
+def _b_sorted(frame, args, kwargs):
+    items = unpack_iterable(frame, args[0])
+    lst = ListVariable(items)
+    _list_method(frame, lst, "sort", [], kwargs)
+    return lst
+
+
+BUILTIN_HANDLERS = {
+    len: _b_len, isinstance: _b_isinstance, issubclass: _b_isinstance_sub, type: _b_type, getattr: _b_getattr,
+    hasattr: _b_hasattr, setattr: _b_setattr, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
+    reversed: _iterable_builtin(reversed), iter: _iterable_builtin(iter), list: _iterable_builtin(list),
+    tuple: _iterable_builtin(tuple), next: _b_next, dict: _b_dict, set: _b_set, frozenset: _b_numeric(frozenset),
+    sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _b_minmax(min), max: _b_minmax(max),
+    super: _b_super, print: _b_print, callable: _b_callable, id: _b_id, abs: _b_abs,
+    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _b_numeric(str),
+    round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
+    pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
+    ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
+    complex: _b_numeric(complex), collections.OrderedDict: _b_dict,
+    tuple.__new__: lambda frame, args, kwargs: TupleVariable(unpack_iterable(frame, args[1]),
+                                                             cls=const_value(args[0])),
+    object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
+    math.floor: _b_numeric(math.floor), math.ceil: _b_numeric(math.ceil), math.sqrt: _b_numeric(math.sqrt),
+}
+_ = builtins

@@ -1,0 +1,117 @@
+"""Resume functions: the rest of a frame after a graph break, as a new code object.
+
+`resume_code(code, offset, stack_nulls, live)` copies `code` (with the `bytecode` package) and puts a
+prologue in front: it pushes the live stack (its first arguments; NULLs re-pushed with PUSH_NULL),
+binds the live locals (its other arguments) and jumps to `offset`. The original's cell variables
+become free variables, so the glue can hand over the very cells that closures made before the
+break captured. One code object per (code, offset, layout), so its cache is shared by recompiles.
+"""
+import dis
+
+from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
+
+_CACHE = {}
+
+
+def live_locals(code, offset):
+    """Fast locals that may be read at or after `offset` before being written."""
+    insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    index = {i.offset: n for n, i in enumerate(insts)}
+    handlers = [(e.start, e.end, e.target) for e in dis._parse_exception_table(code)]
+    succ = []
+    for n, inst in enumerate(insts):
+        s = []
+        if inst.opname not in ("RETURN_VALUE", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD",
+                               "JUMP_BACKWARD_NO_INTERRUPT") and n + 1 < len(insts):
+            s.append(n + 1)
+        if inst.opcode in dis.hasjrel or inst.opcode in dis.hasjabs:
+            s.append(index[inst.argval])
+        for start, end, target in handlers:
+            if start <= inst.offset < end:
+                s.append(index[target])
+        succ.append(s)
+    live = [set() for _ in insts]
+    changed = True
+    while changed:
+        changed = False
+        for n in range(len(insts) - 1, -1, -1):
+            inst = insts[n]
+            out = set()
+            for s in succ[n]:
+                out |= live[s]
+            if inst.opname == "STORE_FAST":
+                out.discard(inst.argval)
+            elif inst.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_FAST_CHECK"):
+                out.add(inst.argval)
+            if out != live[n]:
+                live[n] = out
+                changed = True
+    return live[index[offset]]
+
+
+def resume_code(code, offset, stack_nulls, live):
+    """A code object taking (non-NULL stack items..., live locals...) that continues `code` at `offset`."""
+    key = (code, offset, tuple(stack_nulls), tuple(live))
+    found = _CACHE.get(key)
+    if found is not None:
+        return found
+    bc = Bytecode.from_code(code)
+    dis_index = [i.offset for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
+    target_pos = dis_index.index(offset)
+    body, seen, label = [], 0, Label()
+    for item in bc:
+        if isinstance(item, Instr):
+            if seen == target_pos:
+                body.append(label)
+            seen += 1
+            if item.name in ("MAKE_CELL", "COPY_FREE_VARS"):
+                continue  # the prologue's job: the new prologue hands cells over as free variables
+            if isinstance(item.arg, CellVar):
+                item = Instr(item.name, FreeVar(item.arg.name), location=item.location)
+        body.append(item)
+    stack_names = [f"__stack{i}" for i, null in enumerate(stack_nulls) if not null]
+    loc = _location_of(bc, target_pos)
+    prologue = []
+    freevars = list(code.co_freevars) + list(code.co_cellvars)
+    if freevars:
+        prologue.append(Instr("COPY_FREE_VARS", len(freevars), location=loc))
+    prologue.append(Instr("RESUME", 0, location=loc))
+    i = 0
+    for null in stack_nulls:
+        if null:
+            prologue.append(Instr("PUSH_NULL", location=loc))
+        else:
+            prologue.append(Instr("LOAD_FAST", stack_names[i], location=loc))
+            i += 1
+    prologue.append(Instr("JUMP_FORWARD", label, location=loc))
+    new = Bytecode(prologue + body)
+    new.argnames = stack_names + list(live)
+    new.argcount = len(new.argnames)
+    new.posonlyargcount = new.kwonlyargcount = 0
+    new.first_lineno = code.co_firstlineno
+    new.name = f"__resume_{code.co_name}_at_{offset}"
+    new.qualname = new.name
+    new.filename = code.co_filename
+    new.docstring = None
+    new.cellvars = []
+    new.freevars = freevars
+    new.flags = code.co_flags & ~(0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200) | 0x10 * bool(freevars)
+    new.exception_table = None
+    out = new.to_code()
+    _CACHE[key] = out
+    return out
+
+
+def _location_of(bc, target_pos):
+    seen = 0
+    for item in bc:
+        if isinstance(item, Instr):
+            if seen == target_pos:
+                return item.location
+            seen += 1
+    return None
+
+
+def reset():
+    _CACHE.clear()
+

@@ -1,0 +1,222 @@
+"""The frame runtime: per-code-object caches of compiled entries, guarded, thread-safe.
+
+Hot path of a compiled call: bind arguments (a generated function with the original signature)
+-> for each entry: entry.check(F, L) -> entry.run(F, L). Everything else (capture, recompile logging,
+the cache-size limit) happens on a miss, under one lock.
+"""
+import inspect
+import threading
+import types
+import warnings
+
+import torch
+
+from kiln import config as config_mod
+from kiln.capture.convert import EagerFrame, compile_frame
+from kiln.capture.disable import compilation_disabled, is_disabled_function
+from kiln.debug.logs import enabled, log
+
+_LOCK = threading.RLock()
+_CACHES = {}       # (code, backend key, fullgraph) -> CodeCache
+observers = []     # callables(code, entry) told about every new entry (kiln.explain)
+eager_observers = []  # callables(code, reason) told when a frame is left to run eagerly
+
+
+def _backend_key(backend):
+    opts = getattr(backend, "options", None)
+    return (getattr(backend, "fn", backend), tuple(sorted(opts.items())) if opts else None)
+
+
+class CodeCache:
+    """The compiled entries of one code object (for one backend)."""
+
+    def __init__(self, code, backend, fullgraph):
+        self.code, self.backend, self.fullgraph = code, backend, fullgraph
+        self.entries = []
+        self.eager_reason = None
+        self.warned_limit = False
+
+    def __call__(self, F, L):
+        """Run a frame whose bound arguments are already the tuple L (resume functions)."""
+        for e in self.entries:
+            if e.check(F, L):
+                return e.run(F, L)
+        return self.miss(F, L, L, {})
+
+    def miss(self, F, L, args, kwargs):
+        entry = self._entry_for(F, L)
+        if entry is None:
+            return F(*args, **kwargs)
+        return entry.run(F, L)
+
+    def _entry_for(self, F, L):
+        with _LOCK:
+            for e in self.entries:  # another thread may have compiled it meanwhile
+                if e.check(F, L):
+                    return e
+            if self.eager_reason is not None:
+                return None
+            if len(self.entries) >= config_mod.config.cache_size_limit:
+                if not self.warned_limit:
+                    self.warned_limit = True
+                    warnings.warn(f"kiln: {self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}) "
+                                  f"hit cache_size_limit={config_mod.config.cache_size_limit}; it now runs eagerly. "
+                                  f"Last guard failure: {self._failure_text(F, L)}", RuntimeWarning, stacklevel=4)
+                return None
+            if self.entries:
+                self._log_recompile(F, L)
+            try:
+                entry = compile_frame(F, L, self.code, self.backend, self.fullgraph)
+            except EagerFrame as e:
+                self.eager_reason = str(e)
+                log("graph_breaks", "%s", e)
+                for obs in eager_observers:
+                    obs(self.code, str(e))
+                return None
+            self.entries.append(entry)
+            for obs in observers:
+                obs(self.code, entry)
+            return entry
+
+    def _failure_text(self, F, L):
+        if not self.entries:
+            return "none"
+        return str(self.entries[-1].first_failure(F, L))
+
+    def _log_recompile(self, F, L):
+        if not (enabled("recompiles") or config_mod.config.verbose):
+            return
+        reasons = [f"    - entry {i}: {e.first_failure(F, L)}" for i, e in enumerate(self.entries)]
+        msg = (f"Recompiling {self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}), "
+               f"triggered by guard failure(s):\n" + "\n".join(reasons))
+        log("recompiles", "%s", msg)
+        if config_mod.config.verbose and not enabled("recompiles"):
+            print(f"[kiln] {msg}")
+
+
+def get_cache(code, backend, fullgraph):
+    key = (code, _backend_key(backend), fullgraph)
+    cache = _CACHES.get(key)
+    if cache is None:
+        with _LOCK:
+            cache = _CACHES.setdefault(key, CodeCache(code, backend, fullgraph))
+    return cache
+
+
+def reset():
+    with _LOCK:
+        for cache in _CACHES.values():
+            cache.entries.clear()
+            cache.eager_reason = None
+            cache.warned_limit = False
+        _CACHES.clear()
+
+
+# ---- argument binding -----------------------------------------------------------------------------
+def make_binder(fn):
+    """A function with fn's signature returning its parameters in co_varnames order (C-speed binding)."""
+    code = fn.__code__
+    nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
+        bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    names = code.co_varnames[:nparams]
+    src = (f"def binder{inspect.signature(_no_annotations(fn))}:\n"
+           f"    return ({''.join(n + ', ' for n in names)})\n")
+    ns = {}
+    exec(compile(src, f"<kiln binder {code.co_qualname}>", "exec"), ns)
+    binder = ns["binder"]
+    binder.__defaults__, binder.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    return binder
+
+
+def _no_annotations(fn):
+    clone = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    clone.__kwdefaults__ = fn.__kwdefaults__
+    sig = inspect.signature(clone)
+    params = [p.replace(annotation=inspect.Parameter.empty,
+                        default=p.default if p.default is inspect.Parameter.empty else _Default(p.name))
+              for p in sig.parameters.values()]
+    clone.__signature__ = sig.replace(parameters=params, return_annotation=inspect.Signature.empty)
+    return clone
+
+
+class _Default:
+    """Renders a default as a placeholder in the binder source; the real defaults are set afterwards."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return "None"
+
+
+# ---- entry points ---------------------------------------------------------------------------------
+def optimize_function(fn, backend, fullgraph):
+    """The compiled callable for a Python function: bind, look up, check guards, run."""
+    cache = get_cache(fn.__code__, backend, fullgraph)
+    binder = make_binder(fn)
+    entries = cache.entries
+    F = fn
+
+    def compiled(*args, **kwargs):
+        L = binder(*args, **kwargs)
+        for e in entries:
+            if e.check(F, L):
+                return e.run(F, L)
+        return cache.miss(F, L, args, kwargs)
+    compiled._kiln_cache = cache
+    return compiled
+
+
+def synthetic_caller(target):
+    """A fresh function `(*args, **kwargs) -> target(*args, **kwargs)` with its own code object, so
+    each compiled module/callable has its own cache and `target` is a constant of its globals."""
+    ns = {"__kiln_target__": target, "__builtins__": __builtins__}
+    src = "def __kiln_call__(*args, **kwargs):\n    return __kiln_target__(*args, **kwargs)\n"
+    exec(compile(src, f"<kiln call {type(target).__name__} {id(target):#x}>", "exec"), ns)
+    return ns["__kiln_call__"]
+
+
+class Caller:
+    """Calls made natively at a graph break: Python callees go through the runtime (so they are
+    compiled as frames of their own), everything else is called as is."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __call__(self, fn, *args, **kwargs):
+        if compilation_disabled() or is_disabled_function(fn):
+            return fn(*args, **kwargs)
+        target, pre = fn, ()
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            target, pre = fn.__func__, (fn.__self__,)
+        elif isinstance(fn, torch.nn.Module) and not _has_hooks(fn):
+            forward = fn.forward
+            if isinstance(forward, types.MethodType) and isinstance(forward.__func__, types.FunctionType):
+                target, pre = forward.__func__, (fn,)
+        if not isinstance(target, types.FunctionType) or _is_library(target):
+            return fn(*args, **kwargs)
+        cache = get_cache(target.__code__, self.backend, False)
+        binder = _binder_for(target)
+        L = binder(*pre, *args, **kwargs)
+        for e in cache.entries:
+            if e.check(target, L):
+                return e.run(target, L)
+        return cache.miss(target, L, pre + args, kwargs)
+
+
+def _binder_for(fn):
+    binder = fn.__dict__.get("__kiln_binder__")
+    if binder is None or binder.__defaults__ is not fn.__defaults__:
+        binder = make_binder(fn)
+        fn.__dict__["__kiln_binder__"] = binder
+    return binder
+
+
+def _has_hooks(mod):
+    return bool(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or mod._backward_pre_hooks)
+
+
+def _is_library(fn):
+    mod = getattr(fn, "__module__", "") or ""
+    return mod.split(".")[0] in ("torch", "logging", "warnings", "inspect", "functools", "typing", "contextlib")
+

@@ -1,0 +1,44 @@
+"""Mutations of Python state made by the captured code, replayed after the graph runs.
+
+Containers that existed before the frame (ListVariable/DictVariable with a Source) are marked
+`mutated` and rewritten wholesale from their final symbolic contents; attribute, global and
+closure-cell stores are kept here, and later reads during capture see them.
+"""
+
+
+class SideEffects:
+    def __init__(self):
+        self.attr_stores = {}    # (id(obj), name) -> (obj Variable, name, value Variable or DELETED)
+        self.global_stores = {}  # GlobalSource -> value Variable
+        self.cell_stores = {}    # id(cell) -> (CellSource, value Variable)
+        self.mutated = []        # existing containers changed in place (ListVariable/DictVariable)
+
+    DELETED = object()
+
+    def store_attr(self, obj_var, name, value):
+        self.attr_stores[(id(obj_var.value), name)] = (obj_var, name, value)
+
+    def load_attr(self, obj, name):
+        entry = self.attr_stores.get((id(obj), name))
+        return None if entry is None else entry[2]
+
+    def store_global(self, source, value):
+        self.global_stores[source] = value
+
+    def load_global(self, source):
+        return self.global_stores.get(source)
+
+    def store_cell(self, cell, source, value):
+        self.cell_stores[id(cell)] = (source, value)
+
+    def load_cell(self, cell):
+        entry = self.cell_stores.get(id(cell))
+        return None if entry is None else entry[1]
+
+    def mark_mutated(self, container):
+        if container.source is not None and not container.mutated:
+            container.mutated = True
+            self.mutated.append(container)
+
+    def __bool__(self):
+        return bool(self.attr_stores or self.global_stores or self.cell_stores or self.mutated)

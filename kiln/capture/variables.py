@@ -1,0 +1,234 @@
+"""The values the symbolic interpreter pushes on its stack.
+
+A small set on purpose:
+  TensorVariable    a tensor: its fx node and fake tensor
+  ConstantVariable  an immutable Python value known at capture time (int, str, None, torch.Size, dtype...)
+  ObjectVariable    an existing Python object known by identity (module, function, class, user object)
+  ListVariable / TupleVariable / DictVariable / SetVariable   containers with symbolic items
+  FunctionVariable  a function made inside the frame (MAKE_FUNCTION): code + defaults + cells
+  MethodVariable    a function bound to a symbolic self
+  FreshObjectVariable   a user-class instance created inside the frame
+  CellVariable, IteratorVariable, SuperVariable, GradModeVariable, NullVariable
+Values that came from outside carry a Source; see sources.py.
+"""
+import types
+
+import torch
+
+from kiln.exc import Unsupported
+
+_CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), type(NotImplemented),
+                   torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, range, slice,
+                   frozenset, types.CodeType)
+
+
+def is_constant(value):
+    """Immutable values safe to fold at capture time (tuples/frozensets of such count too)."""
+    if isinstance(value, (tuple, frozenset)) and type(value) in (tuple, frozenset, torch.Size):
+        return all(is_constant(v) for v in value)
+    if isinstance(value, slice):
+        return is_constant(value.start) and is_constant(value.stop) and is_constant(value.step)
+    return type(value) in _CONSTANT_TYPES or (isinstance(value, (int, float, str)) and type(value).__module__ == "builtins")
+
+
+class Variable:
+    source = None
+
+    def python_type(self):
+        raise NotImplementedError
+
+    def is_constant(self):
+        return False
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.source!r})" if self.source else type(self).__name__
+
+
+class NullVariable(Variable):
+    """The NULL that 3.11 pushes before a callable (PUSH_NULL, LOAD_GLOBAL with the low bit)."""
+
+    def python_type(self):
+        return type(None)
+
+
+NULL = NullVariable()
+
+
+class ConstantVariable(Variable):
+    def __init__(self, value, source=None):
+        self.value, self.source = value, source
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_constant(self):
+        return True
+
+    def __repr__(self):
+        return f"Const({self.value!r})"
+
+
+def const(value):
+    return ConstantVariable(value)
+
+
+class ObjectVariable(Variable):
+    """An existing object, used by identity: modules, functions, classes, Python modules, user objects."""
+
+    def __init__(self, value, source=None):
+        self.value, self.source = value, source
+
+    def python_type(self):
+        return type(self.value)
+
+    def __repr__(self):
+        return f"Object({type(self.value).__name__} {self.source!r})"
+
+
+class TensorVariable(Variable):
+    def __init__(self, node, fake, source=None, cls=torch.Tensor):
+        self.node, self.fake, self.source, self.cls = node, fake, source, cls
+
+    def python_type(self):
+        return self.cls
+
+    def __repr__(self):
+        return f"Tensor({self.node.name}, {tuple(self.fake.shape)})"
+
+
+class _Sequence(Variable):
+    def __init__(self, items, source=None):
+        self.items, self.source = list(items), source
+
+    def is_constant(self):
+        return all(i.is_constant() for i in self.items)
+
+
+class ListVariable(_Sequence):
+    """A list; `source` set when it is an existing list (mutations are replayed onto it)."""
+    mutated = False
+
+    def python_type(self):
+        return list
+
+    def is_constant(self):
+        return False
+
+
+class TupleVariable(_Sequence):
+    """A tuple, or a namedtuple/torch.return_types when `cls` says so."""
+
+    def __init__(self, items, source=None, cls=tuple):
+        super().__init__(items, source)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+
+class SetVariable(_Sequence):
+    def python_type(self):
+        return set
+
+
+class DictVariable(Variable):
+    """A dict with constant keys (insertion ordered); `cls` may be OrderedDict or a dict subclass."""
+    mutated = False
+
+    def __init__(self, items, source=None, cls=dict):
+        self.items, self.source, self.cls = dict(items), source, cls
+
+    def python_type(self):
+        return self.cls
+
+
+class FunctionVariable(Variable):
+    """A function object created during capture by MAKE_FUNCTION."""
+
+    def __init__(self, code, f_globals, name, defaults=None, kwdefaults=None, closure=None):
+        self.code, self.f_globals, self.name = code, f_globals, name
+        self.defaults = defaults  # TupleVariable or None
+        self.kwdefaults = kwdefaults  # DictVariable or None
+        self.closure = closure  # list of CellVariable / real cells, or None
+
+    def python_type(self):
+        return types.FunctionType
+
+
+class MethodVariable(Variable):
+    """`fn` bound to `obj` (fn: a Python function, a FunctionVariable, or a tensor method name)."""
+
+    def __init__(self, fn, obj):
+        self.fn, self.obj = fn, obj
+
+    def python_type(self):
+        return types.MethodType if not isinstance(self.obj, TensorVariable) else types.BuiltinMethodType
+
+
+class FreshObjectVariable(Variable):
+    """An instance of a user class created inside the frame; attributes tracked symbolically."""
+
+    def __init__(self, cls):
+        self.cls, self.attrs = cls, {}
+
+    def python_type(self):
+        return self.cls
+
+
+class CellVariable(Variable):
+    """A closure cell created inside the frame (MAKE_CELL or a new function's closure)."""
+    _EMPTY = object()
+
+    def __init__(self, contents=_EMPTY):
+        self.contents = contents
+
+    def python_type(self):
+        return types.CellType
+
+
+class IteratorVariable(Variable):
+    """An iterator over known items; `pos` advances as FOR_ITER/next consume it."""
+
+    def __init__(self, items):
+        self.items, self.pos = list(items), 0
+
+    def python_type(self):
+        return type(iter([]))
+
+    def next(self):
+        if self.pos >= len(self.items):
+            return None
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+
+class SuperVariable(Variable):
+    def __init__(self, cls, obj):
+        self.cls, self.obj = cls, obj
+
+    def python_type(self):
+        return super
+
+
+class GradModeVariable(Variable):
+    """torch.no_grad() / enable_grad() / set_grad_enabled(b) as a context manager."""
+
+    def __init__(self, enabled, cls):
+        self.enabled, self.cls = enabled, cls
+
+    def python_type(self):
+        return self.cls
+
+
+class ExitVariable(Variable):
+    """The bound __exit__ that BEFORE_WITH pushes for a grad-mode context: restores `prior`."""
+
+    def __init__(self, prior):
+        self.prior = prior
+
+    def python_type(self):
+        return types.MethodType
+
+
+def unsupported(msg):
+    raise Unsupported(msg)
