@@ -70,3 +70,14 @@ def test_kiln_logs_environment_variable_writes_to_stderr(tmp_path):
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "graph_breaks" in done.stderr and "prog.py:5" in done.stderr
+
+
+def test_eager_fallback_for_generator_logs_reason(kiln_logs, caplog):
+    def gen(x):
+        yield x + 1
+
+    kiln_logs("graph_breaks")
+    with caplog.at_level("DEBUG", logger="kiln"):
+        out = list(kiln.compile(gen, backend="eager")(torch.ones(2)))
+    torch.testing.assert_close(out[0], torch.full((2,), 2.0))
+    assert "generator" in caplog.text and "gen" in caplog.text

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import kiln
-from tests.utils import CompileCounter, assert_equal_state
+from tests.utils import CompileCounter, assert_equal_state, check_graphs
 
 torch.manual_seed(0)
 
@@ -107,6 +107,44 @@ class UsesChildren(nn.Module):
         return x + len(self.seq) + self.seq[-1].weight.sum()
 
 
+class NamedLayers(nn.Module):
+    def __init__(self, depth=3):
+        super().__init__()
+        self.depth = depth
+        for i in range(depth):
+            setattr(self, f"layer{i}", nn.Linear(8, 8))
+
+    def forward(self, x):
+        for i in range(self.depth):
+            x = getattr(self, f"layer{i}")(x).tanh()
+        return x
+
+
+class ZippedLists(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linears = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+        self.norms = nn.ModuleList([nn.LayerNorm(8) for _ in range(3)])
+
+    def forward(self, x):
+        for i, (lin, norm) in enumerate(zip(self.linears, self.norms)):
+            if i == len(self.linears) - 1:
+                x = self.linears[-1](x)
+            else:
+                x = norm(lin(x))
+        return x
+
+
+class KeywordForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, *, scale=1.0, mask=None):
+        y = self.lin(x) * scale
+        return y if mask is None else y.masked_fill(mask, 0.0)
+
+
 def make_models():
     return {
         "linear": lambda: nn.Linear(8, 4),
@@ -122,6 +160,9 @@ def make_models():
         "layernorm_dropout_eval": lambda: nn.Sequential(nn.LayerNorm(8), nn.Dropout(0.3)).eval(),
         "embedding": lambda: nn.Sequential(nn.Embedding(10, 8)),
         "multihead_attention_eval": lambda: MHA().eval(),
+        "getattr_fstring_names": lambda: NamedLayers(),
+        "zip_module_lists": lambda: ZippedLists(),
+        "gru_cell": lambda: nn.GRUCell(8, 8),
     }
 
 
@@ -306,3 +347,55 @@ def test_state_dict_of_compiled_module_roundtrip():
     other.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in compiled.state_dict().items()})
     x = torch.randn(2, 8)
     torch.testing.assert_close(other(x), compiled(x))
+
+
+def test_module_keyword_arguments():
+    model = KeywordForward()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(3, 8)
+    mask = torch.rand(3, 8) > 0.5
+    torch.testing.assert_close(compiled(x, scale=2.0, mask=mask), model(x, scale=2.0, mask=mask))
+    assert counter.frame_count == 1
+
+
+def test_module_star_args_call():
+    model = nn.Bilinear(4, 5, 2)
+
+    def f(inputs):
+        return model(*inputs)
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter)
+    inputs = (torch.randn(3, 4), torch.randn(3, 5))
+    torch.testing.assert_close(compiled(inputs), f(inputs))
+    assert counter.frame_count == 1
+
+
+def test_user_callable_object():
+    class Scale:
+        def __init__(self, k):
+            self.k = k
+
+        def __call__(self, t):
+            return t * self.k
+
+    def f(x, op):
+        return op(x) + 1
+    check_graphs(f, torch.randn(3), Scale(4.0), graphs=1)
+
+
+def test_python_list_attribute_changed_between_calls():
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.skip = []
+
+        def forward(self, x):
+            return x if "lin" in self.skip else self.lin(x)
+    model = Gated()
+    compiled = kiln.compile(model, backend=CompileCounter())
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    model.skip.append("lin")
+    torch.testing.assert_close(compiled(x), x)

@@ -95,7 +95,26 @@ def matmul_family(x):
     return x @ w, torch.mm(x, w), torch.matmul(x, w), torch.einsum("ij,jk->ik", x, w), F.linear(x, w.t())
 
 
-CASES = [torch_functions, tensor_methods, functional_ops, factories_from_metadata, dtype_and_device_conversions,
+def torch_size_ops(x):
+    s = x.shape
+    new_shape = s[:-1] + (s[-1] // 3, 3)
+    same = s == (4, 3) and s == torch.Size([4, 3]) and list(s) == [4, 3]
+    return x.view(new_shape), x.view(*s[:-1], -1), same, s.numel(), len(s)
+
+
+def loop_over_shape(x):
+    out = []
+    for i in range(x.shape[0]):
+        out.append(x[i] * i)
+    return torch.stack(out)
+
+
+def scalar_tensor_python_mix(x):
+    t = torch.tensor(2.0)
+    return x * t + x.new_tensor(3.0) - torch.as_tensor([1.0, 2.0, 3.0])
+
+
+CASES = [torch_size_ops, loop_over_shape, scalar_tensor_python_mix, torch_functions, tensor_methods, functional_ops, factories_from_metadata, dtype_and_device_conversions,
          shape_arithmetic, subscripts_and_slices, chunk_split_unbind, reductions_returning_tuples,
          inplace_on_intermediate, view_of_intermediate_then_inplace, tensor_setitem_with_mask,
          tensor_creation_from_python, requires_grad_ops, complex_indexing_assignment, tensor_attributes,
