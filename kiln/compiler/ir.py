@@ -102,7 +102,7 @@ def cast(e, dtype):
     if e.dtype == dtype:
         return e
     if dtype in HALF_DTYPES:
-        return Expr("round", (cast(e, torch.float32),), dtype)
+        return Expr("round_to", (cast(e, torch.float32),), dtype)
     return Expr("cast", (e,), dtype)
 
 

@@ -162,7 +162,7 @@ class GraphLowering(LoweringContext):
                 continue
             meta = out.meta["val"]
             layout = sym_layout(meta)
-            if value.view is not None and value.view.layout == layout:
+            if value.view is not None and value.view.layout == layout == self.buffer_by_name[value.view.name].layout:
                 self.outputs.append(("buffer", value.view.name, None))
             elif value.view is not None and isinstance(self.buffer_by_name[value.view.name],
                                                        (ir.InputBuffer, ir.ExternBuffer, ir.ConstantBuffer)):

@@ -93,7 +93,8 @@ def pointwise(ctx, fn, *args, compute=None):
 
 
 def op(name, *args, dtype=None):
-    return Expr(name, args, dtype or args[0].dtype)
+    """An Expr; its dtype defaults to the operands' (where: the selected values')."""
+    return Expr(name, args, dtype or (args[1].dtype if name == "where" else args[0].dtype))
 
 
 def check_real(*values):
@@ -887,3 +888,32 @@ def index(ctx, x, indices):
         row = ir.indirect(wrapped_index(pick, x.sizes[dim]))
         return x.loader(tuple(idx[:dim]) + (row,) + tuple(idx[dim + ind.ndim:]))
     return TensorValue(out_sizes(ctx), x.dtype, fn)
+
+
+# ---- prims (some decompositions, mean among them, produce them) -------------------------------
+
+@register(prims.sum.default)
+def prims_sum(ctx, x, dims, output_dtype=None):
+    check_real(x)
+    return reduction(ctx, x, reduce_dims(x, list(dims)) if dims else list(range(x.ndim)), False, "sum",
+                     ctx.out_meta().dtype)
+
+
+@register(prims.broadcast_in_dim.default)
+def broadcast_in_dim(ctx, x, shape, broadcast_dimensions):
+    sizes = out_sizes(ctx)
+    dims = list(broadcast_dimensions)
+    return view_map(x, sizes, lambda idx: [ZERO if x.sizes[k] == 1 and sizes[d] != 1 else idx[d]
+                                           for k, d in enumerate(dims)])
+
+
+@register(prims.div.default)
+def prims_div(ctx, a, b):
+    check_real(a, b)
+    name = "truediv" if ctx.out_meta().dtype.is_floating_point else "truncdiv"
+    return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
+
+
+for _target, _name in {prims.mul.default: "mul", prims.add.default: "add", prims.sub.default: "sub",
+                       prims.maximum.default: "maximum", prims.minimum.default: "minimum"}.items():
+    register(_target)(_binary(_name))

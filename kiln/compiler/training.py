@@ -2,35 +2,32 @@
 
 `compile_training(gm, example_inputs, options, inner)`:
 
-1. analyse: run `gm` once on fake inputs, with grad on, to learn which outputs require grad and
-   which inputs it writes in place (and whether autograd saw the write);
-2. trace the joint graph `(*primals, *tangents) -> (*outputs, *new values of mutated inputs,
-   *gradients)` with make_fx, `torch.autograd.grad` inside; then functionalize it with a
-   second make_fx, so the joint graph is pure aten;
+1. analyse: the aot trace (`trace_aten`) says which inputs `gm` writes and which outputs are
+   inputs or views of them; a fake run with grad on says which outputs require grad and which
+   writes autograd records;
+2. trace the joint graph `(*primals, *tangents) -> (*outputs, *new values of written inputs,
+   *gradients)` with make_fx, `torch.autograd.grad` inside; then functionalize that graph with a
+   second make_fx (functionalization drops requires_grad, so it cannot wrap the autograd trace);
 3. partition it into a forward and a backward graph (`kiln.compiler.partition`);
 4. compile the forward now and the backward at its first call; run both inside one
-   `torch.autograd.Function`, then write the mutated inputs back as eager would.
+   `torch.autograd.Function`, then write the inputs back and rebuild the outputs that alias
+   inputs, as eager would.
 
 Grad-mode regions inside `gm` (`torch._C._set_grad_enabled` calls) and `detach` take effect
 while tracing step 2, so the gradients they cut are simply absent from the joint graph.
+Parameters and buffers `gm` reads through `get_attr` are treated as extra inputs.
 """
 import dataclasses
 
 import torch
 import torch.utils._pytree as pytree
-from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln.compiler.aot import trace_aten
+from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
 from kiln.debug.logs import enabled, log
-
-aten = torch.ops.aten
-
-# Random ops whose decomposition would draw numbers differently from eager.
-_RANDOM_OPS = {"bernoulli", "native_dropout", "rand", "rand_like", "randn", "randn_like", "randint",
-               "randint_like", "normal", "uniform", "exponential", "geometric", "log_normal",
-               "cauchy", "multinomial", "randperm", "rrelu", "rrelu_with_noise"}
 
 
 def compile_training(gm, example_inputs, options, inner, *, recompute=True):
@@ -38,18 +35,72 @@ def compile_training(gm, example_inputs, options, inner, *, recompute=True):
 
     `recompute`: let the partitioner recompute cheap values in the backward instead of saving
     them (min-cut); False saves every forward value the backward reads."""
-    options = dict(options or {})
-    return _GradModeVariants(gm, options, inner, recompute, example_inputs)
+    return _GradModeVariants(gm, dict(options or {}), inner, recompute, example_inputs)
+
+
+class _GradModeVariants:
+    """The compiled graph for each grad situation seen: one graph may be called with inputs that
+    require grad differently, or under no_grad; each situation gets its own compiled code."""
+
+    def __init__(self, gm, options, inner, recompute, example_inputs):
+        self.gm, self.options, self.inner, self.recompute = gm, options, inner, recompute
+        self.params_need_grad = any(p.requires_grad for p in gm.parameters())
+        self.variants = {}
+        self.variants[self._key(example_inputs)] = self._compile(example_inputs)
+
+    def __call__(self, *args):
+        key = self._key(args)
+        compiled = self.variants.get(key)
+        if compiled is None:
+            compiled = self.variants[key] = self._compile(args)
+        return compiled(*args)
+
+    def _key(self, args):
+        """(any gradient to compute, which inputs require grad)."""
+        requires = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        return torch.is_grad_enabled() and (self.params_need_grad or any(requires)), requires
+
+    def _compile(self, example_inputs):
+        if not self._key(example_inputs)[0]:
+            from kiln.compiler import compile_fx  # no gradient to compute: the inference path
+            with torch.no_grad():
+                return compile_fx(self.gm, _detached(example_inputs), self.options, self.inner)
+        return TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)
+
+
+class FlatGraph(torch.nn.Module):
+    """`gm` as a function of (*inputs, *module tensors): the parameters and buffers it reads
+    through `get_attr` become inputs, so they get gradients and write-backs as inputs do."""
+
+    def __init__(self, gm):
+        super().__init__()
+        named = {**dict(gm.named_parameters()), **dict(gm.named_buffers())}
+        self.__dict__["gm"] = gm  # not a submodule: this module has no tensors of its own
+        self.names, self.state = list(named), list(named.values())
+
+    def forward(self, *flat):
+        if not self.names:
+            return self.gm(*flat)
+        num_inputs = len(flat) - len(self.names)
+        return torch.func.functional_call(self.gm, dict(zip(self.names, flat[num_inputs:])),
+                                          tuple(flat[:num_inputs]))
 
 
 @dataclasses.dataclass(frozen=True)
 class GraphSignature:
-    """What the user graph takes and returns, as autograd sees it."""
-    requires_grad: tuple        # per input: does it require grad
-    out_spec: pytree.TreeSpec   # rebuilds gm's output structure from the flat outputs
-    output_requires_grad: tuple  # per flat output
-    mutated: tuple              # inputs gm writes in place
+    """What the flat graph takes and returns, as autograd sees it."""
+    requires_grad: tuple          # per input: does it require grad
+    out_spec: pytree.TreeSpec     # rebuilds gm's output structure from the flat outputs
+    aliases: tuple                # (output index, input index, as_strided view or None): outputs
+                                  # eager returns as inputs or views of them, rebuilt from the input
+    computed: tuple               # indices of the other outputs: the compiled graph computes them
+    output_requires_grad: tuple   # per computed output
+    mutated: tuple                # inputs gm writes in place
     mutation_differentiable: tuple  # per mutated input: autograd recorded the write
+
+    @property
+    def num_outputs(self):
+        return len(self.aliases) + len(self.computed)
 
     @property
     def grad_inputs(self):
@@ -63,67 +114,41 @@ class GraphSignature:
 
     @property
     def differentiable(self):
-        """Per forward result (flat outputs, then new values of mutated inputs)."""
+        """Per forward result (computed outputs, then new values of mutated inputs)."""
         return self.output_requires_grad + self.mutation_differentiable
 
 
-class _GradModeVariants:
-    """The compiled graph for each grad situation seen: capture may call one graph with inputs
-    that require grad differently, or under no_grad; each gets its own compiled code."""
-
-    def __init__(self, gm, options, inner, recompute, example_inputs):
-        self.gm, self.options, self.inner, self.recompute = gm, options, inner, recompute
-        self.variants = {}
-        self.variants[_grad_key(example_inputs)] = self._compile(example_inputs)
-
-    def __call__(self, *args):
-        key = _grad_key(args)
-        compiled = self.variants.get(key)
-        if compiled is None:
-            compiled = self.variants[key] = self._compile(args)
-        return compiled(*args)
-
-    def _compile(self, example_inputs):
-        if not _grad_key(example_inputs)[0]:
-            from kiln.compiler import compile_fx  # no gradients needed: the inference path
-            detached = [x.detach() if isinstance(x, torch.Tensor) else x for x in example_inputs]
-            with torch.no_grad():
-                return compile_fx(self.gm, detached, self.options, self.inner)
-        return TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)
-
-
-def _grad_key(args):
-    """(any gradient to compute, which inputs require grad)."""
-    requires = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-    return torch.is_grad_enabled() and any(requires), requires
-
-
 class TrainingGraph:
-    """One user graph compiled for training: a forward, a lazily compiled backward, and the
-    signature that maps autograd's view onto them."""
+    """One graph compiled for training: a forward, a lazily compiled backward, and the signature
+    that maps autograd's view onto them."""
 
     def __init__(self, gm, example_inputs, options, inner, recompute):
         self.options, self.inner = options, inner
-        fake_mode = _fake_mode(example_inputs)
-        decompositions = _decompositions(options)
-        with fake_mode:
-            self.signature = analyse(gm, _fakes(fake_mode, example_inputs), decompositions)
-        joint = trace_joint(gm, self.signature, fake_mode, example_inputs, decompositions)
-        num_forward = len(self.signature.differentiable)
-        self.partition = partition(joint, len(example_inputs), num_forward, recompute=recompute,
+        self.flat_graph = FlatGraph(gm)
+        primals = [*example_inputs, *self.flat_graph.state]
+        decompositions = lowering_decompositions(bool(options.get("fallback_random")))
+        fake_mode = _fake_mode(primals)
+        self.signature = analyse(self.flat_graph, primals, fake_mode, decompositions)
+        joint = trace_joint(self.flat_graph, self.signature, fake_mode, primals, decompositions)
+        self.num_forward = len(self.signature.differentiable)
+        self.partition = partition(joint, len(primals), self.num_forward, recompute=recompute,
                                    unsaveable=self.signature.mutated)
         log("aot", "partition: %d saved values, %d bytes", self.partition.num_saved,
             self.partition.saved_bytes)
-        self.num_forward = num_forward
-        self.forward = _compile_graph(self.partition.forward, _detached(example_inputs), options, inner)
+        self.forward = _compile_graph(self.partition.forward, _detached(primals), options, inner)
         self._backward = None
 
     def __call__(self, *args):
-        results = _CompiledFunction.apply(self, *args)
+        flat = (*args, *self.flat_graph.state)
+        results = _CompiledFunction.apply(self, *flat)
         sig = self.signature
-        num_outputs = len(sig.output_requires_grad)
-        _write_back(sig, args, results[num_outputs:])
-        return pytree.tree_unflatten(list(results[:num_outputs]), sig.out_spec)
+        _write_back(sig, flat, results[len(sig.computed):])
+        outputs = [None] * sig.num_outputs
+        for k, value in zip(sig.computed, results):
+            outputs[k] = value
+        for k, i, view in sig.aliases:  # after the write-back: views see the new values
+            outputs[k] = flat[i] if view is None else flat[i].as_strided(*view)
+        return pytree.tree_unflatten(outputs, sig.out_spec)
 
     def backward(self, saved, tangents):
         if self._backward is None:  # compiled at the first backward, kept for the next ones
@@ -140,7 +165,7 @@ class _CompiledFunction(torch.autograd.Function):
         results = graph.forward(*args)
         outputs, saved = results[:graph.num_forward], results[graph.num_forward:]
         ctx.graph = graph
-        ctx.save_for_backward(*saved)
+        ctx.save_for_backward(*_unalias_saved(saved, args, graph.signature.mutated))
         ctx.mark_non_differentiable(*(o for o, d in zip(outputs, graph.signature.differentiable) if not d))
         return tuple(outputs)
 
@@ -161,6 +186,15 @@ class _CompiledFunction(torch.autograd.Function):
         return (None, *grad_inputs)
 
 
+def _unalias_saved(saved, args, mutated):
+    """Compiled code may hand back an input itself where the graph copies it (an elided clone);
+    a saved value sharing memory with an input the write-back overwrites must be a real copy."""
+    if not mutated:
+        return saved
+    written = {args[i].untyped_storage().data_ptr() for i in mutated}
+    return [s.clone() if s.untyped_storage().data_ptr() in written else s for s in saved]
+
+
 def _write_back(sig, args, new_values):
     """Apply the in-place writes gm made to its inputs, recorded by autograd where eager's were."""
     for i, differentiable, new in zip(sig.mutated, sig.mutation_differentiable, new_values):
@@ -171,86 +205,72 @@ def _write_back(sig, args, new_values):
                 args[i].copy_(new)
 
 
-def analyse(gm, fake_inputs, decompositions):
-    """Run gm on fake inputs with grad on (traced, with the decompositions); read its signature
-    off the results and the trace."""
-    requires_grad = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in fake_inputs)
-    maybe_cloned = {i for i, r in enumerate(requires_grad) if r}
-    seen = {}
-
-    def run(*primals):
-        seen["inputs"], seen["outputs"], seen["clone_grad_fns"] = _run_user_graph(gm, primals, maybe_cloned)
-        return pytree.tree_leaves(seen["outputs"])
-    traced = make_fx(run, decomposition_table=decompositions)(*fake_inputs)
-    inputs, clone_grad_fns = seen["inputs"], seen["clone_grad_fns"]
-    flat, spec = pytree.tree_flatten(seen["outputs"])
-    _check_tensors(flat)
-    written_clones = {i for i in maybe_cloned if inputs[i]._version != 0}
-    mutated = tuple(sorted(written_clones | _written_inputs(traced, fake_inputs)))
+def analyse(flat_graph, primals, fake_mode, decompositions):
+    """The signature of `flat_graph` on `primals`: writes and aliases from the aot trace (which
+    sees writes hidden inside ops, such as batch norm's running stats); requires_grad from a
+    fake run with grad on."""
+    aten_graph = trace_aten(flat_graph, _detached(primals), decompositions)
+    aliases = tuple((a.output_index, a.input_index, a.view) for a in aten_graph.output_aliases)
+    aliased = {k for k, _, _ in aliases}
+    computed = tuple(k for k in range(aten_graph.num_user_outputs) if k not in aliased)
+    mutated = tuple(aten_graph.mutated_inputs)
+    requires_grad = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in primals)
+    with fake_mode:
+        cloned = {i for i in mutated if requires_grad[i]}
+        inputs, outputs, clone_grad_fns = _run_user_graph(flat_graph, _fakes(fake_mode, primals), cloned)
+    flat = pytree.tree_leaves(outputs)
     differentiable = tuple(
-        inputs[i].grad_fn is not clone_grad_fns[i] if i in maybe_cloned else inputs[i].requires_grad
+        inputs[i].grad_fn is not clone_grad_fns[i] if i in cloned else inputs[i].requires_grad
         for i in mutated)
-    return GraphSignature(requires_grad, spec, tuple(o.requires_grad for o in flat), mutated,
-                          differentiable)
+    return GraphSignature(requires_grad, aten_graph.out_spec, aliases, computed,
+                          tuple(flat[k].requires_grad for k in computed), mutated, differentiable)
 
 
-def _written_inputs(traced, fake_inputs):
-    """Indices of the inputs `traced` writes to. Functionalization ends its graph with a
-    `copy_(input, new value)` per written input; version counters would miss the writes an op
-    makes below autograd (batch norm's running stats)."""
-    with torch.no_grad():
-        functional = make_fx(torch.func.functionalize(traced, remove="mutations"))(*_detached(fake_inputs))
-    placeholders = [n for n in functional.graph.nodes if n.op == "placeholder"]
-    return {placeholders.index(n.args[0]) for n in functional.graph.nodes
-            if n.target is aten.copy_.default and n.args[0] in placeholders}
-
-
-def _run_user_graph(gm, primals, cloned):
-    """gm(*primals) with grad on, as eager would run it; the inputs in `cloned` are replaced by
-    clones first. Returns (the inputs gm ran on, its outputs, the clones' grad_fns)."""
+def _run_user_graph(flat_graph, primals, cloned):
+    """flat_graph(*primals) with grad on, as eager would run it; the inputs in `cloned` are
+    replaced by clones first. Returns (the inputs it ran on, its outputs, the clones' grad_fns)."""
     with torch.enable_grad():
         inputs = [p.clone() if i in cloned else p for i, p in enumerate(primals)]
         clone_grad_fns = {i: inputs[i].grad_fn for i in cloned}
-        outputs = gm(*inputs)
+        outputs = flat_graph(*inputs)
     return inputs, outputs, clone_grad_fns
 
 
-def _check_tensors(flat_outputs):
-    for o in flat_outputs:
-        if not isinstance(o, torch.Tensor):
-            raise NotImplementedError(f"kiln training graphs return tensors only; got a {type(o).__name__}")
-
-
-def trace_joint(gm, sig, fake_mode, example_inputs, decompositions):
+def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
     """The functional aten joint graph: (*primals, *tangents) -> (*forward results, *gradients)."""
-    joint_fn = _joint_function(gm, sig)
+    joint_fn = _joint_function(flat_graph, sig)
     with fake_mode:
-        primals = _fakes(fake_mode, example_inputs)
-        tangents = [torch.empty_like(r) for r, d in zip(_forward_results(gm, sig, primals), sig.differentiable) if d]
-        with_autograd = make_fx(joint_fn, decomposition_table=decompositions)(*primals, *tangents)
-        plain = [p.detach() if isinstance(p, torch.Tensor) else p for p in _fakes(fake_mode, example_inputs)]
+        fakes = _fakes(fake_mode, primals)
+        tangents = [torch.empty_like(r, memory_format=torch.contiguous_format)
+                    for r, d in zip(_forward_results(flat_graph, sig, fakes), sig.differentiable) if d]
+        with_autograd = make_fx(joint_fn, decomposition_table=decompositions)(*fakes, *tangents)
         with torch.no_grad():
             functional = make_fx(torch.func.functionalize(with_autograd, remove="mutations"),
-                                 decomposition_table=decompositions)(*plain, *tangents)
+                                 decomposition_table=decompositions)(*_detached(fakes), *tangents)
     _drop_input_write_backs(functional)
     if enabled("aot"):
         log("aot", "joint graph:\n%s", functional.code)
     return functional
 
 
-def _forward_results(gm, sig, primals):
-    """Fake forward results (outputs, then new values of mutated inputs): the tangents' shapes."""
-    inputs, outputs, _ = _run_user_graph(gm, primals, sig.cloned)
-    return [t.detach() for t in pytree.tree_leaves(outputs) + [inputs[i] for i in sig.mutated]]
+def _forward_results(flat_graph, sig, primals):
+    """Forward results (computed outputs, then new values of written inputs), detached."""
+    inputs, outputs, _ = _run_user_graph(flat_graph, primals, sig.cloned)
+    return [r.detach() for r in _results(sig, inputs, outputs)]
 
 
-def _joint_function(gm, sig):
+def _results(sig, inputs, outputs):
+    flat = pytree.tree_leaves(outputs)
+    return [flat[k] for k in sig.computed] + [inputs[i] for i in sig.mutated]
+
+
+def _joint_function(flat_graph, sig):
     num_primals = len(sig.requires_grad)
 
     def joint(*args):
         primals, tangents = args[:num_primals], args[num_primals:]
-        inputs, outputs, _ = _run_user_graph(gm, primals, sig.cloned)
-        results = pytree.tree_leaves(outputs) + [inputs[i] for i in sig.mutated]
+        inputs, outputs, _ = _run_user_graph(flat_graph, primals, sig.cloned)
+        results = _results(sig, inputs, outputs)
         differentiable = [r for r, d in zip(results, sig.differentiable) if d]
         wrt = [primals[i] for i in sig.grad_inputs]
         if differentiable:
@@ -262,7 +282,7 @@ def _joint_function(gm, sig):
 
 
 def _drop_input_write_backs(gm):
-    """Functionalization ends with `copy_(input, new value)` for each mutated input; the new
+    """Functionalization ends with `copy_(input, new value)` for each written input; the new
     values are already results of the joint graph, and the runtime writes them back."""
     for n in list(gm.graph.nodes):
         if n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder" and not n.users:
@@ -281,24 +301,6 @@ def _compile_graph(gm, example_inputs, options, inner):
     return gm.forward
 
 
-def _decompositions(options):
-    """The lowering table, plus batch norm's: undecomposed, its running-stat writes are invisible
-    to version counters and functionalization drops them."""
-    try:
-        from kiln.compiler.aot import lowering_decompositions
-        table = dict(lowering_decompositions())
-    except ImportError:  # the aot module is not there yet: torch's core aten set
-        from torch._decomp import core_aten_decompositions
-        table = dict(core_aten_decompositions())
-    table.update(get_decompositions([aten.native_batch_norm, aten._native_batch_norm_legit,
-                                     aten._batch_norm_with_update]))
-    if options.get("fallback_random"):
-        # random ops stay whole, so they draw from the generator exactly as eager does
-        table = {op: fn for op, fn in table.items()
-                 if op.overloadpacket.__name__ not in _RANDOM_OPS}
-    return table
-
-
 def _fake_mode(example_inputs):
     for x in example_inputs:
         if isinstance(x, FakeTensor):
@@ -313,4 +315,3 @@ def _fakes(fake_mode, example_inputs):
 
 def _detached(xs):
     return [x.detach() if isinstance(x, torch.Tensor) else x for x in xs]
-

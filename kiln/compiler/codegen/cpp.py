@@ -206,7 +206,7 @@ class ExprPrinter:
         }
         if op in simple:
             return simple[op].format(*args, t=ctype)
-        if op == "round":
+        if op == "round_to":
             return f"kiln_round_f16({args[0]})" if e.dtype == torch.float16 else f"kiln_round_bf16({args[0]})"
         raise NotImplementedError(f"no C++ for op {op}")
 

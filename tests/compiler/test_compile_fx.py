@@ -1,0 +1,187 @@
+"""kiln's compiler end to end: fx graph -> C++ kernels, checked against eager."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.compiler import compile_fx
+from kiln.config import compiler_options
+
+
+def compiled(fn, *args, **options):
+    gm = torch.fx.symbolic_trace(fn)
+    return compile_fx(gm, list(args), compiler_options(options=options or None))
+
+
+def check(fn, *args, rtol=1e-5, atol=1e-5, **options):
+    """Compile fn for args, compare with eager, return the compiled callable."""
+    c = compiled(fn, *args, **options)
+    torch.testing.assert_close(c(*args), fn(*args), rtol=rtol, atol=atol, equal_nan=True)
+    return c
+
+
+def kernels(fn):
+    return fn.kiln_kernels
+
+
+def ten_pointwise(x):
+    y = x
+    for i in range(5):
+        y = torch.sin(y) * 1.5
+        y = torch.relu(y - 0.1)
+    return y
+
+
+def test_ten_pointwise_ops_are_one_kernel():
+    c = check(ten_pointwise, torch.randn(64, 48))
+    assert len(kernels(c)) == 1
+    assert not c.kiln_fallbacks
+
+
+def test_softmax_and_log_softmax_are_at_most_two_kernels():
+    x = torch.randn(32, 100)
+    assert len(kernels(check(lambda x: torch.softmax(x, -1), x))) <= 2
+    assert len(kernels(check(lambda x: torch.log_softmax(x, 0), x))) <= 2
+
+
+def test_layer_norm_is_at_most_two_kernels():
+    x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
+    c = check(lambda x, w, b: F.layer_norm(x, (64,), w, b), x, w, b, atol=1e-5, rtol=1e-4)
+    assert len(kernels(c)) <= 2
+    assert not c.kiln_fallbacks
+
+
+def test_layer_norm_gelu_residual_fuses():
+    x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
+    c = check(lambda x, w, b: F.gelu(F.layer_norm(x, (64,), w, b)) + x, x, w, b, rtol=1e-4)
+    assert len(kernels(c)) <= 2
+
+
+@pytest.mark.parametrize("op", [
+    lambda x: x.sum(), lambda x: x.sum(0), lambda x: x.sum(1, keepdim=True), lambda x: x.mean(-1),
+    lambda x: x.var(0), lambda x: x.std(), lambda x: x.amax(1), lambda x: x.amin(0),
+    lambda x: x.argmax(1), lambda x: x.argmin(), lambda x: x.max(1), lambda x: x.prod(1),
+    lambda x: (x > 1).any(1), lambda x: (x > -3).all(), lambda x: torch.var_mean(x, 1, correction=0),
+])
+def test_reductions(op):
+    check(op, torch.randn(17, 33), rtol=1e-4)
+
+
+def test_reductions_propagate_nan_as_eager():
+    x = torch.randn(4, 8)
+    x[1, 3] = float("nan")
+    x[2, 5] = float("inf")
+    check(lambda x: (x.amax(1), x.amin(1), x.argmax(1), x.argmin(1), x.sum(1)), x)
+    check(lambda a, b: (torch.maximum(a, b), torch.minimum(a, b)), x, x.flip(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.int64, torch.uint8, torch.float16,
+                                   torch.bfloat16])
+def test_dtypes(dtype):
+    x = (torch.randn(9, 7) * 10).to(dtype)
+    y = (torch.randn(9, 7) * 10).to(dtype)
+    check(lambda a, b: (a * 3 + b - a.abs(), (a > b).sum(1), a.to(torch.float32) / 3), x, y)
+
+
+def test_integer_division_and_remainder_follow_python_rules():
+    a = torch.randint(-20, 20, (50,))
+    b = torch.randint(1, 7, (50,)) * (torch.randint(0, 2, (50,)) * 2 - 1)
+    check(lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc"), a / b), a, b)
+    fa, fb = a.float() + 0.5, b.float()
+    check(lambda a, b: (a // b, a % b, torch.fmod(a, b)), fa, fb)
+
+
+def test_promotion_with_scalars_and_mixed_dtypes():
+    i = torch.randint(0, 10, (5, 5), dtype=torch.int32)
+    f = torch.randn(5, 5)
+    check(lambda i, f: (i * 2.5, i + f, i * 3, i.sigmoid(), (i + f.double()).exp()), i, f.double())
+
+
+def test_views_are_index_maps():
+    x = torch.randn(8, 6, 4)
+    c = check(lambda x: (x.permute(2, 0, 1) * 2, x.transpose(0, 1)[1:5:2] + 1, x[:, 2] - x[:, 0],
+                         x.reshape(48, 4).t() * x.reshape(4, 48), x.unsqueeze(1).expand(8, 3, 6, 4) + 0), x)
+    assert not c.kiln_fallbacks
+
+
+def test_cat_pad_embedding_gather_index():
+    x = torch.randn(6, 5)
+    idx = torch.tensor([[0, 4], [3, 3], [1, 0], [2, 2], [4, 1], [0, 0]])
+    rows = torch.tensor([5, 0, -1, 2])
+    c = check(lambda x, idx, rows: (torch.cat([x, x * 2, x[:, :2]], 1), F.pad(x, (1, 2, 0, 3), value=-1.0),
+                                    F.embedding(idx, x), torch.gather(x, 1, idx), x[rows], x[:, rows.abs() % 5],
+                                    torch.index_select(x, 0, rows.abs())), x, idx, rows)
+    assert not c.kiln_fallbacks
+
+
+def test_externs_mlp_and_attention():
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        c = check(mlp, x, rtol=1e-4, atol=1e-5)
+    assert any("addmm" in f for f in c.kiln_fallbacks)
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1) @ v
+    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
+    check(attention, q, k, v, rtol=1e-4, atol=1e-5)
+
+
+def test_op_without_lowering_falls_back_to_aten():
+    x = torch.randn(10, 4)
+    c = check(lambda x: torch.cumsum(x, 0) * 2 + torch.sort(x, 1).values, x)
+    assert c.kiln_fallbacks
+
+
+class BatchNormInference(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.rand(3))
+        self.register_buffer("var", torch.rand(3) + 0.5)
+        self.weight = torch.nn.Parameter(torch.randn(3))
+        self.bias = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return F.batch_norm(x, self.mean, self.var, self.weight, self.bias, training=False)
+
+
+def test_batch_norm_inference():
+    with torch.no_grad():
+        c = check(BatchNormInference(), torch.randn(2, 3, 5, 5), rtol=1e-4)
+    assert not c.kiln_fallbacks
+
+
+def test_outputs_keep_eager_strides_and_aliases():
+    x = torch.randn(5, 7)
+    c = compiled(lambda x: (x.t(), (x + 1).t(), x), x)
+    a, b, same = c(x)
+    assert a.stride() == x.t().stride() and b.stride() == (x + 1).t().stride()
+    assert same is x or same.data_ptr() == x.data_ptr()
+
+
+def test_big_parallel_kernels_match_eager():
+    x = torch.randn(300, 500)
+    check(lambda x: (torch.softmax(x, 1), x.sum(0), (x * 2).tanh()), x, rtol=1e-4, atol=1e-5,
+          **{"cpp.min_parallel_work": 1024})
+
+
+def test_random_ops_run_through_aten_under_fallback_random():
+    x = torch.randn(50, 50)
+    c = compiled(lambda x: torch.rand_like(x) + F.dropout(x, 0.5, training=True), x, fallback_random=True)
+    torch.manual_seed(3)
+    got = c(x)
+    torch.manual_seed(3)
+    want = torch.rand_like(x) + F.dropout(x, 0.5, training=True)
+    torch.testing.assert_close(got, want)
+
+
+def test_input_mutation_is_written_back():
+    def f(x):
+        x.add_(1)
+        return x * 2
+    x = torch.randn(4, 4)
+    expected_x = x.clone()
+    expected = f(expected_x)
+    c = compiled(f, x.clone())
+    got_x = x.clone()
+    torch.testing.assert_close(c(got_x), expected)
+    torch.testing.assert_close(got_x, expected_x)
