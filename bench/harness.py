@@ -33,7 +33,7 @@ class Settings:
 def run_workload(workload, compilers, settings, progress=None):
     """Measure `workload` with eager and `compilers`; never raises (a failure becomes an error row)."""
     start = time.perf_counter()
-    result = WorkloadResult(workload.name, workload.description, workload.kind)
+    result = WorkloadResult(workload.name, workload.description, workload.kind, workload.static_twin)
     missing = workload.missing_modules()
     if missing:
         result.skipped = f"needs {', '.join(missing)} (pip install -e '.[bench]')"
@@ -212,11 +212,22 @@ def max_abs(output):
 
 
 def describe(error):
-    """One line: the exception type, its message, and where in bench/kiln/torch it was raised."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    """One line: the exception type, its message, where it was raised, and the innermost kiln frame (the
+    place to start looking when the raise itself is deep inside torch)."""
+    text = str(error).strip()
+    message = text.splitlines()[0][:200] if text else ""
     frames = traceback.extract_tb(error.__traceback__)
-    where = f" ({frames[-1].filename.split('/')[-1]}:{frames[-1].lineno})" if frames else ""
-    return f"{type(error).__name__}: {message[:200]}{where}"
+    places = [frames[-1]] if frames else []
+    kiln_frames = [f for f in frames if "/kiln/" in f.filename]
+    if kiln_frames and kiln_frames[-1] is not frames[-1]:
+        places.append(kiln_frames[-1])
+    where = ", via ".join(f"{_short(f.filename)}:{f.lineno}" for f in places)
+    return f"{type(error).__name__}: {message}" + (f" ({where})" if where else "")
+
+
+def _short(filename):
+    """kiln/capture/x.py for kiln's files, the bare name for anything else."""
+    return "kiln/" + filename.rsplit("/kiln/", 1)[1] if "/kiln/" in filename else filename.rsplit("/", 1)[-1]
 
 
 def _note(progress, text):

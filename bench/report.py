@@ -18,20 +18,17 @@ otherwise."""
 
 def markdown(info, results, compilers, old=None):
     names = [c for c in compilers if c != "eager"]
-    sections = [
-        "# kiln benchmark results",
-        _header(info),
-        NOTES,
-        "## Speed\n\n" + _speed(results, names),
-        "## Compile time\n\n" + _compile(results, names),
-        "## Per-call overhead (backend \"eager\": capture, guards and dispatch only)\n\n" + _overhead(results, names),
-        "## Training memory (saved for backward in one step, parameters excluded)\n\n" + _memory(results, names),
-        "## Dynamic shapes (one call = one pass over every sequence length)\n\n" + _dynamic(results, names),
-        "## Errors and skipped workloads\n\n" + _problems(results),
-    ]
-    if old is not None:
-        sections.append("## Change against the earlier run\n\n" + compare(old, results, compilers))
-    return "\n\n".join(s for s in sections if s) + "\n"
+    sections = {
+        "Speed": _speed(results, names),
+        "Compile time": _compile(results, names),
+        "Per-call overhead (tiny calls: what the compiled wrapper itself costs)": _overhead(results, names),
+        "Training memory (saved for backward in one step, parameters excluded)": _memory(results, names),
+        "Dynamic shapes (one call = one pass over every sequence length)": _dynamic(results, names),
+        "Errors and skipped workloads": _problems(results),
+        "Change against the earlier run": compare(old, results, compilers) if old is not None else "",
+    }
+    body = [f"## {title}\n\n{table}" for title, table in sections.items() if table]
+    return "\n\n".join(["# kiln benchmark results", _header(info), NOTES, *body]) + "\n"
 
 
 def _header(info):
@@ -45,7 +42,7 @@ def _header(info):
 def _table(head, rows):
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) if rows else "(none in this run)"
+    return "\n".join(lines) if rows else ""  # an empty table: the section is left out
 
 
 def _label(name):
@@ -97,7 +94,7 @@ def _overhead(results, names):
         row = [f"{r.name}<br><sub>{r.description}</sub>", _micro(eager)]
         row += [_micro(r.median(n)) for n in names]
         row += [_micro(_minus(r.median(n), eager), signed=True) for n in names]
-        row.append(f"{min(m.calls for m in r.measurements.values()):,}")
+        row.append(f"{min((m.calls for m in r.measurements.values() if not m.error), default=0):,}")
         rows.append(row)
     return _table(head, rows)
 
@@ -122,7 +119,22 @@ def _dynamic(results, names):
         row += [_seconds(r.measurements[n].first_call_s) if n in r.measurements else "—" for n in names]
         row += [_cell_time(r, n) for n in names]
         rows.append(row)
-    return _table(head, rows)
+    return "\n\n".join(t for t in (_table(head, rows), _static_vs_dynamic(results, names)) if t)
+
+
+def _static_vs_dynamic(results, names):
+    """Steady-state speed of kernels compiled with dynamic=True against the same call compiled static."""
+    by_name = {r.name: r for r in results}
+    rows = []
+    for r in results:
+        twin = by_name.get(r.static_twin) if r.static_twin else None
+        if twin is None:
+            continue
+        for n in names:
+            static, dynamic = twin.median(n), r.median(n)
+            rows.append([f"{r.name} vs {twin.name}", _label(n), _time(static), _time(dynamic),
+                         _ratio(_divide(static, dynamic))])
+    return _table(["same call", "compiler", "static", "dynamic=True", "dynamic speed / static"], rows)
 
 
 def _problems(results):

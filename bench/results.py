@@ -37,6 +37,7 @@ class WorkloadResult:
     name: str
     description: str
     kind: str
+    static_twin: str | None = None      # the workload that runs the same call compiled static
     measurements: dict[str, Measurement] = field(default_factory=dict)
     skipped: str | None = None          # why the workload did not run at all (e.g. a missing module)
     error: str | None = None            # why it failed before any compiler ran (e.g. building it raised)

@@ -31,8 +31,9 @@ class Workload:
     description: str
     build: Callable[[], Case]
     kind: str = "inference"
-    backend: str = "inductor"          # the same backend name is given to kiln.compile and torch.compile
+    backend: str | Callable = "inductor"  # the same backend (name or callable) goes to kiln and torch.compile
     dynamic: bool | None = None
+    static_twin: str | None = None     # for dynamic=True rows: the same call compiled static, to compare
     min_calls: int = 0                 # at least this many timed calls per compiler
     cold_warm: bool = True             # measure cold/warm compile in fresh subprocesses
     atol: float = 1e-3                 # max abs difference vs eager that still passes
@@ -244,9 +245,23 @@ def build_add_one():
     return Case(add_one, _call_with(torch.randn(10)))
 
 
+def replay_backend(gm, example_inputs):
+    """A backend that runs its graph once and then returns that same result on every call: the math is gone,
+    so what a call still costs is the compiler's own per-call work (guard checks, argument handling, glue).
+    Valid only for a workload called again and again on the same inputs."""
+    first = None
+
+    def replay(*args):
+        nonlocal first
+        if first is None:
+            first = gm(*args)
+        return first
+    return replay
+
+
 @_seeded
 def build_guard_mlp():
-    """Twelve tiny Linear+ReLU layers: the call is all guards and dispatch, almost no math."""
+    """Twelve tiny Linear+ReLU layers: 24 modules and 24 parameters to guard."""
     layers = []
     for _ in range(12):
         layers += [nn.Linear(8, 8), nn.ReLU()]
@@ -297,11 +312,16 @@ WORKLOADS = [
              kind="training"),
     Workload("overhead_add_one", "x + 1 on 10 elements, backend 'eager' (per-call overhead)", build_add_one,
              kind="overhead", backend="eager", min_calls=10_000, cold_warm=False),
-    Workload("guards_mlp12", "12-layer 8-wide MLP module, backend 'eager' (guard-check cost)", build_guard_mlp,
+    Workload("guards_mlp12", "12-layer 8-wide MLP module, backend 'eager'", build_guard_mlp,
              kind="overhead", backend="eager", min_calls=10_000, cold_warm=False),
+    Workload("guards_mlp12_replay", "12-layer MLP module, a backend that replays its first result: "
+             "guard checks and call glue only", build_guard_mlp, kind="overhead", backend=replay_backend,
+             min_calls=10_000, cold_warm=False),
     Workload("graph_break", "pointwise, branch on tensor data, pointwise; 2048x2048", build_graph_break),
     Workload("dynamic_gpt2_block", f"GPT-2-style block over {len(SEQUENCE_LENGTHS)} sequence lengths "
              "(one call = one pass), dynamic=None", build_dynamic_gpt2_block, kind="dynamic"),
+    Workload("gpt2_block_dynamic", "gpt2_block compiled with dynamic=True (kernels take sizes as arguments)",
+             build_gpt2_block, dynamic=True, static_twin="gpt2_block", cold_warm=False),
 ]
 
 BY_NAME = {w.name: w for w in WORKLOADS}
