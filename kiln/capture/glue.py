@@ -117,24 +117,23 @@ class Glue:
             self.emit(line)
 
     def replay_side_effects(self):
+        """Write the final state of mutated outside objects back (values were computed first)."""
         se = self.og.side_effects
-        exprs = []
+        todo = []  # (format with {} for the value, value Variable)
         for container in se.mutated:
             target = container.source.expr(self.ctx)
             if isinstance(container, ListVariable):
-                exprs.append((f"{target}[:] = ", ListVariable(container.items)))
+                todo.append((f"{target}[:] = {{}}", ListVariable(container.items)))
             else:
-                exprs.append((f"__d = {target}; __d.clear(); __d.update(", DictVariable(container.items)))
+                todo.append((f"__d = {target}; __d.clear(); __d.update({{}})", DictVariable(container.items)))
         for obj_var, name, value in se.attr_stores.values():
-            exprs.append((f"setattr({self.value(obj_var)}, {name!r}, ", value))
-        for source, value in se.global_stores.items():
-            exprs.append((f"{source.expr(self.ctx)} = ", value))
-        for source, value in se.cell_stores.values():
-            exprs.append((f"{source.expr(self.ctx)} = ", value))
-        rendered = [(prefix, self.value(v)) for prefix, v in exprs]
+            todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
+        for source, value in list(se.global_stores.items()) + list(se.cell_stores.values()):
+            todo.append((f"{source.expr(self.ctx)} = {{}}", value))
+        rendered = [(fmt, self.value(v)) for fmt, v in todo]
         self.finish_values()
-        for prefix, v in rendered:
-            self.emit(prefix + v + (")" if prefix.endswith("(") else ""))
+        for fmt, v in rendered:
+            self.emit(fmt.format(v))
 
     def function(self, graph_fn, input_sources, tail):
         """Assemble `def __kiln_entry(F, L)`; `tail` are the final lines (return / break)."""

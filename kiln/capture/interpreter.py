@@ -38,10 +38,24 @@ class _Instructions:
     def of(cls, code):
         found = cls._cache.get(code)
         if found is None:
-            insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-            found = (insts, {i.offset: n for n, i in enumerate(insts)})
+            found = instructions(code)
             cls._cache[code] = found
         return found
+
+
+def instructions(code):
+    """-> (instructions without EXTENDED_ARG, offset -> index). A jump may target an EXTENDED_ARG
+    prefix, so those offsets map to the instruction they extend."""
+    insts, index_of, pending = [], {}, []
+    for i in dis.get_instructions(code):
+        if i.opname == "EXTENDED_ARG":
+            pending.append(i.offset)
+            continue
+        for off in pending + [i.offset]:
+            index_of[off] = len(insts)
+        pending = []
+        insts.append(i)
+    return insts, index_of
 
 
 class RealCell:
@@ -390,7 +404,7 @@ class Frame:
 
     # ---- calls ----------------------------------------------------------------------------------
     def KW_NAMES(self, inst):
-        self.kw_names = inst.argval
+        self.kw_names = self.code.co_consts[inst.arg]
 
     def CALL(self, inst):
         n = inst.arg

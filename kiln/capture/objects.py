@@ -810,6 +810,19 @@ def call_method(frame, obj, name, args, kwargs):
         return _list_method(frame, obj, name, args, kwargs)
     if isinstance(obj, DictVariable):
         return _dict_method(frame, obj, name, args, kwargs)
+    if isinstance(obj, SetVariable) and name in ("add", "update", "discard", "remove", "clear"):
+        if name == "add":
+            obj.items = dedup_set(obj.items + [args[0]])
+        elif name == "update":
+            obj.items = dedup_set(obj.items + [i for a in args for i in unpack_iterable(frame, a)])
+        elif name == "clear":
+            obj.items = []
+        else:
+            key = const_value(args[0], "set element")
+            if name == "remove" and key not in {const_value(i) for i in obj.items}:
+                raise Unsupported("KeyError in set.remove")
+            obj.items = [i for i in obj.items if const_value(i) != key]
+        return const(None)
     if isinstance(obj, (TupleVariable, SetVariable)):
         if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
                     "intersection", "difference"):

@@ -10,13 +10,14 @@ import dis
 
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 
+from kiln.capture.interpreter import instructions
+
 _CACHE = {}
 
 
 def live_locals(code, offset):
     """Fast locals that may be read at or after `offset` before being written."""
-    insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-    index = {i.offset: n for n, i in enumerate(insts)}
+    insts, index = instructions(code)
     handlers = [(e.start, e.end, e.target) for e in dis._parse_exception_table(code)]
     succ = []
     for n, inst in enumerate(insts):
@@ -56,8 +57,7 @@ def resume_code(code, offset, stack_nulls, live):
     if found is not None:
         return found
     bc = Bytecode.from_code(code)
-    dis_index = [i.offset for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
-    target_pos = dis_index.index(offset)
+    target_pos = instructions(code)[1][offset]
     body, seen, label = [], 0, Label()
     for item in bc:
         if isinstance(item, Instr):

@@ -112,6 +112,14 @@ def reset():
         _CACHES.clear()
 
 
+def forget_backend(backend):
+    """Drop the caches compiled for one backend (kiln.explain's private one)."""
+    key = _backend_key(backend)
+    with _LOCK:
+        for k in [k for k in _CACHES if k[1] == key]:
+            del _CACHES[k]
+
+
 # ---- argument binding -----------------------------------------------------------------------------
 def make_binder(fn):
     """A function with fn's signature returning its parameters in co_varnames order (C-speed binding)."""
