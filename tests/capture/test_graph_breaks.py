@@ -324,3 +324,89 @@ def test_disabled_function_runs_eagerly_when_called_directly():
         return g(x * 2) * 3
     check_graphs(f, torch.randn(3), graphs=2)
     assert len(calls) == 2  # once eager, once compiled: the disabled call really ran
+
+
+def printing_identity(t):
+    print("identity")
+    return t
+
+
+def break_with_values_on_the_stack(x):
+    return torch.cat([x.sin(), printing_identity(x * 2), x.cos()])
+
+
+def break_in_keyword_argument(x):
+    return torch.add(x.sin(), alpha=2, other=printing_identity(x + 1))
+
+
+def break_in_binary_expression(x):
+    return x.exp() + printing_identity(x).sum() * 3
+
+
+class PrintingLayer:
+    def __init__(self, k):
+        self.k = k
+
+    def run(self, t):
+        t = t * self.k
+        print("layer", self.k)
+        return t + self.k
+
+
+def break_in_method_of_user_class(x):
+    return PrintingLayer(3).run(x + 1) - 1
+
+
+def break_after_nonlocal_write(x):
+    total = 0
+
+    def add(t):
+        nonlocal total
+        total += 1
+        print("total", total)
+        return t + total
+    y = add(x * 2)
+    return y * total
+
+
+def break_on_item_in_arithmetic(x):
+    return x * x.sum().item() + 1
+
+
+def break_only_on_one_branch(x, verbose):
+    y = x * 2
+    if verbose:
+        print("verbose")
+    return y + 1
+
+
+@pytest.mark.parametrize("fn, graphs", [
+    (break_with_values_on_the_stack, 2), (break_in_keyword_argument, 2), (break_in_binary_expression, 2),
+    (break_in_method_of_user_class, None), (break_after_nonlocal_write, None), (break_on_item_in_arithmetic, 2),
+], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_break_mid_expression(fn, graphs, capsys):
+    check_graphs(fn, torch.randn(5), graphs=graphs)
+
+
+@pytest.mark.parametrize("verbose, graphs", [(True, 2), (False, 1)])
+def test_break_on_one_branch_only(verbose, graphs, capsys):
+    check_graphs(break_only_on_one_branch, torch.randn(3), verbose, graphs=graphs)
+
+
+def test_batchnorm_then_break_buffers_as_eager(capsys):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            y = self.bn(x)
+            print("after bn")
+            return self.bn(y * 2)
+    eager, model = M(), M()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(compiled(x), eager(x))
+    torch.testing.assert_close(model.bn.running_mean, eager.bn.running_mean)
+    torch.testing.assert_close(model.bn.running_var, eager.bn.running_var)
+    assert model.bn.num_batches_tracked.item() == 2
