@@ -34,8 +34,10 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch and OpenMP threads (default: all cores)")
     p.add_argument("--no-cold-warm", dest="cold_warm", action="store_false",
                    help="skip the cold/warm compile subprocesses")
-    p.add_argument("--compile-timeout", type=float, default=600, metavar="SECONDS",
-                   help="limit for one cold/warm compile subprocess")
+    p.add_argument("--compile-timeout", type=float, default=300, metavar="SECONDS",
+                   help="limit for one cold/warm compile subprocess (default 300)")
+    p.add_argument("--max-minutes", type=float, default=28, metavar="MINUTES",
+                   help="time plan for the run: past 80%% of it, cold/warm compiles are left out (default 28)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p.parse_args(argv)
 
@@ -76,7 +78,9 @@ def run(args, command):
     started, clock = datetime.now(timezone.utc), time.perf_counter()
     info_machine = machine.describe(args.threads)
     results = run_suite(workloads, compilers, Settings(budget_s=args.budget), threads=args.threads,
-                        cold_warm=args.cold_warm, compile_timeout_s=args.compile_timeout)
+                        cold_warm=args.cold_warm, compile_timeout_s=args.compile_timeout,
+                        cold_warm_until_s=args.max_minutes * 60 * 0.8)
+    info_machine["load_average_end"] = machine.describe(args.threads)["load_average"]
     info = results_mod.RunInfo(command=command, started_utc=started.strftime("%Y-%m-%d %H:%M"),
                                wall_s=time.perf_counter() - clock, machine=info_machine,
                                settings={"budget_s": args.budget, "cold_warm": args.cold_warm,

@@ -9,7 +9,8 @@ How to read it: every time is the median per call after warm-up, with eager and 
 (eager, kiln, torch.compile, eager, ... starting compiler rotating), so load from other processes hits each
 alike. *speedup* = eager time / compiled time. *kiln vs torch* = torch.compile time / kiln time (above 1:
 kiln is faster). *max diff* = largest absolute difference from eager over every output (and every gradient
-for training), *ok* when within the workload's tolerance. *first call* = compile + one run in this process
+for training), *ok* when within the workload's tolerance.
+*noise* = half the interquartile range of the samples over their median, worst compiler of the row. *first call* = compile + one run in this process
 (compile caches start empty for the run, but Python and torch are already warm). *cold* = the first call
 in a fresh process with empty kiln and torch.compile caches; *warm* = the same in another fresh process with
 the caches the cold one left. Both compilers get the same `backend` name and `dynamic` and their defaults
@@ -33,10 +34,17 @@ def markdown(info, results, compilers, old=None):
 
 def _header(info):
     m = info.machine
-    load = f"; load average at start {m['load_average']}" if m.get("load_average") else ""
-    return (f"Command: `{info.command}` (run {info.started_utc} UTC, {info.wall_s / 60:.1f} min in all)\n\n"
+    loads = [x for x in (m.get("load_average"), m.get("load_average_end")) if x]
+    load = f"; load average (1/5/15 min) at start {loads[0]}, at end {loads[-1]}" if loads else ""
+    text = (f"Command: `{info.command}` (run {info.started_utc} UTC, {info.wall_s / 60:.1f} min in all)\n\n"
             f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} torch/OpenMP threads{load}; "
             f"Python {m['python']}, torch {m['torch']}, kiln commit {m['kiln_commit']}.")
+    busiest = max((x[0] for x in loads), default=0)
+    if busiest > 0.5 * m["cores"]:
+        text += (f"\n\n**This run shared the machine with other work** (1-minute load average up to {busiest} on "
+                 f"{m['cores']} cores): absolute times are inflated and noisy; ratios between compilers, taken "
+                 "from interleaved samples, are the steadier numbers.")
+    return text
 
 
 def _table(head, rows):
@@ -58,7 +66,7 @@ def _speed(results, names):
     head += [f"{_label(n)} speedup" for n in names]
     if {"kiln", "torch"} <= set(names):
         head.append("kiln vs torch")
-    head += [f"{_label(n)} max diff" for n in names]
+    head += [f"{_label(n)} max diff" for n in names] + ["noise"]
     rows = []
     for r in _ran(results, ("inference", "training", "dynamic")):
         row = [f"{r.name}<br><sub>{r.description}</sub>", _cell_time(r, "eager")]
@@ -67,6 +75,7 @@ def _speed(results, names):
         if {"kiln", "torch"} <= set(names):
             row.append(_ratio(_divide(r.median("torch"), r.median("kiln"))))
         row += [_check(r.measurements.get(n)) for n in names]
+        row.append(_noise(r))
         rows.append(row)
     return _table(head, rows)
 
@@ -181,6 +190,12 @@ def _cell_time(result, name):
     if m.error:
         return "error"
     return _time(m.median_s)
+
+
+def _noise(result):
+    """The worst interquartile range over median among the compilers: above ~10%, read the row with care."""
+    spreads = [m.spread for m in result.measurements.values() if m.spread is not None and not m.error]
+    return f"±{max(spreads) * 50:.0f}%" if spreads else "—"
 
 
 def _check(m):
