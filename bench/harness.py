@@ -3,9 +3,9 @@
 Timing is interleaved (eager, kiln, torch, eager, kiln, torch, ... with the starting compiler rotating each
 round), so that a burst of load from other processes hits every compiler alike and the ratios stay fair.
 """
+import contextlib
 import functools
 import gc
-import contextlib
 import math
 import signal
 import threading
@@ -27,7 +27,7 @@ class Settings:
     max_rounds: int = 2000
     sample_floor_s: float = 2e-3  # a sample is a block of calls lasting at least this (tiny calls)
     warmup_calls: int = 2         # untimed calls after the first, before timing
-    first_call_limit_s: float = 600  # a compile that hangs becomes an error row instead of stopping the run
+    first_call_limit_s: float = 300  # a compile that hangs becomes an error row instead of stopping the run
 
 
 def run_workload(workload, compilers, settings, progress=None):

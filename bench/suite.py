@@ -6,6 +6,7 @@ from tqdm import tqdm
 
 from bench import coldwarm
 from bench.harness import run_workload
+from bench.workloads import Workload
 
 
 def run_suite(workloads, compilers, settings, *, threads, cold_warm, compile_timeout_s, cold_warm_until_s):
@@ -14,6 +15,8 @@ def run_suite(workloads, compilers, settings, *, threads, cold_warm, compile_tim
     so that a loaded machine stretches the run less."""
     results, run_start = [], time.perf_counter()
     bar = tqdm(workloads, unit="workload", file=sys.stderr, dynamic_ncols=True)
+    bar.set_postfix_str("warming up the compilers", refresh=True)
+    warm_up_compilers(compilers)
     for workload in bar:
         bar.set_description(workload.name)
         start = time.perf_counter()
@@ -24,6 +27,25 @@ def run_suite(workloads, compilers, settings, *, threads, cold_warm, compile_tim
         result.wall_s = time.perf_counter() - start
         results.append(result)
     return results
+
+
+def warm_up_compilers(compilers):
+    """Compile one trivial function with each compiler first, so that the lazy imports and start-up of a
+    compiler are not charged to the first workload's first call (cold/warm subprocesses measure those)."""
+    import torch
+
+    def trivial(x):
+        return x * 2 + 1
+
+    for compiler in compilers:
+        try:
+            compiler.wrap(trivial, _WARM_UP)(torch.randn(8))
+        except Exception:
+            pass  # a compiler that cannot even do this fails again, visibly, in the first workload
+        compiler.reset()
+
+
+_WARM_UP = Workload("warm_up", "compiler start-up", build=lambda: None)
 
 
 def _add_cold_warm(result, workload, compilers, threads, timeout_s, bar, late):
