@@ -37,7 +37,8 @@ class Partition:
     forward: fx.GraphModule      # primals -> (*forward_outputs, *saved)
     backward: fx.GraphModule     # (*saved, *tangents) -> gradients (None where no gradient)
     num_saved: int
-    saved_bytes: int             # total size of the saved tensors (primals count too)
+    saved_bytes: int             # memory the saved values keep alive: inputs, and views of
+                                 # them, count nothing (the caller holds them anyway)
 
 
 def partition(joint, num_primals, num_forward_outputs, *, recompute=True, unsaveable=()):
@@ -49,7 +50,7 @@ def partition(joint, num_primals, num_forward_outputs, *, recompute=True, unsave
     saved = sorted(saved, key=j.order.__getitem__)
     forward = _forward_graph(j, saved)
     backward = _backward_graph(j, saved)
-    return Partition(forward, backward, len(saved), sum(_bytes(n) for n in saved))
+    return Partition(forward, backward, len(saved), sum(_save_cost(j, n) for n in saved))
 
 
 class _JointView:
@@ -60,6 +61,7 @@ class _JointView:
         placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
         self.primals, self.tangents = placeholders[:num_primals], placeholders[num_primals:]
         self.unsaveable = {self.primals[i] for i in unsaveable}
+        self.input_memory = _views_of(set(self.primals) - self.unsaveable)
         outputs = joint.graph.output_node().args[0]
         self.forward_outputs = list(outputs[:num_forward_outputs])
         self.gradients = list(outputs[num_forward_outputs:])
@@ -115,7 +117,7 @@ def _min_cut_saved(j):
             continue
         if n.op == "placeholder" or not _recomputable(n):
             flow.add("source", ("in", n), math.inf)
-        flow.add(("in", n), ("out", n), math.inf if n in j.unsaveable else _save_cost(n))
+        flow.add(("in", n), ("out", n), math.inf if n in j.unsaveable else _save_cost(j, n))
         for user in n.users:
             if user in j.backward_needs and user.op != "output":
                 flow.add(("out", n), ("in", user), math.inf)
@@ -138,21 +140,36 @@ def _recomputable(node):
     return node.target in _CHEAP_OPS or torch.Tag.pointwise in node.target.tags
 
 
-def _save_cost(node):
-    """Bytes to keep `node`'s value alive; a tuple (a multi-output op) cannot be saved whole."""
+def _save_cost(j, node):
+    """Bytes that saving `node` keeps alive. Inputs and their views are free: the caller holds
+    them. A tuple (a multi-output op) cannot be saved whole."""
     val = node.meta.get("val")
+    if node in j.input_memory:
+        return 0
     if isinstance(val, torch.Tensor):
-        return _bytes(node)
+        return int(val.numel()) * val.element_size()
     if isinstance(val, (tuple, list)):
         return math.inf
     return 1  # a symbolic scalar: small but not free, so the cut prefers not to pass them
 
 
-def _bytes(node):
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return 0
-    return int(val.numel()) * val.element_size()
+def _views_of(nodes):
+    """`nodes` and the values that are views of them (share their memory), transitively."""
+    views, stack = set(nodes), list(nodes)
+    while stack:
+        base = stack.pop()
+        for user in base.users:
+            if user not in views and _returns_view(user) and user.args[0] is base:
+                views.add(user)
+                stack.append(user)
+    return views
+
+
+def _returns_view(node):
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    returns = node.target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
 def _forward_graph(j, saved):
