@@ -50,6 +50,7 @@ def assert_equal_state(actual, expected, rtol=1e-5, atol=1e-6):
     """Recursive equality for Python state that may hold tensors (lists, dicts, tuples, objects)."""
     if isinstance(expected, torch.Tensor):
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+        assert actual.requires_grad == expected.requires_grad, "requires_grad differs from eager"
     elif isinstance(expected, (list, tuple)):
         assert type(actual) is type(expected) and len(actual) == len(expected), (actual, expected)
         for a, e in zip(actual, expected):

@@ -410,3 +410,16 @@ def test_batchnorm_then_break_buffers_as_eager(capsys):
     torch.testing.assert_close(model.bn.running_mean, eager.bn.running_mean)
     torch.testing.assert_close(model.bn.running_var, eager.bn.running_var)
     assert model.bn.num_batches_tracked.item() == 2
+
+
+@pytest.mark.kiln_only
+def test_compiled_function_inside_disabled_function_runs_eagerly():
+    counter = CompileCounter()
+    inner = kiln.compile(lambda t: t + 1, backend=counter)
+
+    @kiln.disable
+    def outer(x):
+        return inner(x) * 2
+    x = torch.randn(3)
+    torch.testing.assert_close(outer(x), (x + 1) * 2)
+    assert counter.frame_count == 0

@@ -123,8 +123,7 @@ CASES = [torch_size_ops, loop_over_shape, scalar_tensor_python_mix, torch_functi
 
 @pytest.mark.parametrize("fn", CASES, ids=[f.__name__ for f in CASES])
 def test_tensor_code_one_graph(fn):
-    x = torch.randn(4, 3) if fn is not tensor_creation_from_python else torch.randn(2, 3)
-    check_graphs(fn, x, graphs=1)
+    check_graphs(fn, torch.randn(4, 3), graphs=1)
 
 
 def inplace_input_add(x):
