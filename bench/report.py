@@ -5,16 +5,23 @@ import math
 from bench.compilers import COMPILERS
 
 NOTES = """\
-How to read it: every time is the median per call after warm-up, with eager and compiled calls interleaved
-(eager, kiln, torch.compile, eager, ... starting compiler rotating), so load from other processes hits each
-alike. *speedup* = eager time / compiled time. *kiln vs torch* = torch.compile time / kiln time (above 1:
-kiln is faster). *max diff* = largest absolute difference from eager over every output (and every gradient
-for training), *ok* when within the workload's tolerance.
-*noise* = half the interquartile range of the samples over their median, worst compiler of the row. *first call* = compile + one run in this process
-(compile caches start empty for the run, but Python and torch are already warm). *cold* = the first call
-in a fresh process with empty kiln and torch.compile caches; *warm* = the same in another fresh process with
-the caches the cold one left. Both compilers get the same `backend` name and `dynamic` and their defaults
-otherwise."""
+How to read it:
+
+- Every time is the median per call after warm-up. Eager and compiled calls are interleaved (eager, kiln,
+  torch.compile, eager, ..., the starting compiler rotating each round), so load from other processes hits
+  each alike. *noise* = half the interquartile range of a row's samples over their median (worst compiler).
+- *speedup* = eager time / compiled time. *kiln vs torch* = torch.compile time / kiln time (above 1: kiln
+  is faster).
+- *max diff* = the largest absolute difference from eager over every output (and every gradient, for
+  training steps); *ok* when within the workload's tolerance (1e-3, relative to the output's magnitude).
+- *first call* = capture + compile + one run in this process (compile caches start empty for the run;
+  Python, torch and each compiler are already warmed up on a trivial function). *cold* = the first call in a
+  fresh process with empty kiln and torch.compile caches (`KILN_CACHE_DIR`, `TORCHINDUCTOR_CACHE_DIR`,
+  `TRITON_CACHE_DIR` in a new folder); *warm* = the same in another fresh process with the caches the cold
+  one left.
+- kiln and torch.compile get the same `backend` and `dynamic` arguments and their defaults otherwise
+  (torch.compile: default mode, Inductor), the same seeded inputs and the same thread count, so the
+  torch.compile numbers can be reproduced with the same command and torch version."""
 
 
 def markdown(info, results, compilers, old=None):
