@@ -362,3 +362,18 @@ def test_call_under_no_grad_and_with_other_requires_grad(inner):
     eager_x = fresh(only_x)
     gm(*eager_x).sum().backward()
     torch.testing.assert_close(only_x[0].grad, eager_x[0].grad)
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_outputs_that_are_inputs_or_views_of_them(inner):
+    def f(x, w, buf):
+        buf.mul_(2)
+        return x.t(), x[1], w, buf, x * w
+    args = [torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True), torch.randn(4)]
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), fresh(args), inner)
+    compiled_args = fresh(args)
+    outs = compiled(*compiled_args)
+    assert outs[0].data_ptr() == compiled_args[0].data_ptr()   # aliases, as eager returns them
+    assert outs[2] is compiled_args[1] and outs[3] is compiled_args[2]
+    run_both(torch.fx.symbolic_trace(f), args, inner,
+             loss=lambda outs: outs[0].sum() * 2 + outs[1].sum() + outs[4].sum())
