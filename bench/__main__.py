@@ -4,6 +4,7 @@ The environment (thread count, empty compile caches in a temporary folder) is se
 imported, so that eager, kiln and torch.compile all run under the same settings.
 """
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -22,8 +23,8 @@ DEFAULT_COMPILERS = ("kiln", "torch")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    p.add_argument("--only", type=_names, help="comma-separated workload names (see --list)")
-    p.add_argument("--compilers", type=_names, default=list(DEFAULT_COMPILERS),
+    p.add_argument("--only", type=_names, metavar="NAME[,NAME]", help="comma-separated workload names (see --list)")
+    p.add_argument("--compilers", type=_names, default=list(DEFAULT_COMPILERS), metavar="kiln,torch",
                    help="comma-separated: kiln, torch (eager always runs: it is the reference)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write every measurement as JSON")
     p.add_argument("--compare", type=Path, metavar="OLD.json", help="show the change against an earlier --json")
@@ -38,6 +39,8 @@ def parse_args(argv=None):
                    help="limit for one cold/warm compile subprocess (default 300)")
     p.add_argument("--max-minutes", type=float, default=28, metavar="MINUTES",
                    help="time plan for the run: past 80%% of it, cold/warm compiles are left out (default 28)")
+    p.add_argument("--cache-dir", type=Path, metavar="DIR",
+                   help="keep this run's compile caches (and generated code) here instead of a temporary folder")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p.parse_args(argv)
 
@@ -50,9 +53,17 @@ def main(argv=None):
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     # patch.dict puts the environment back afterwards (main() also runs inside the test process)
-    with tempfile.TemporaryDirectory(prefix="kiln-bench-cache-") as cache_root, \
+    with _cache_root(args.cache_dir) as cache_root, \
             mock.patch.dict(os.environ, {**cache_environment(cache_root), **thread_environment(args.threads)}):
         return run(args, command)
+
+
+def _cache_root(kept):
+    """The folder that holds this run's compile caches: a fresh temporary one unless --cache-dir names one."""
+    if kept is None:
+        return tempfile.TemporaryDirectory(prefix="kiln-bench-cache-")
+    kept.mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(str(kept.resolve()))
 
 
 def run(args, command):
