@@ -38,7 +38,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
     program = build_program(graph)
     offsets, ws_size = workspace_plan(program)
     source, entries = cpp.generate(program, offsets, options)
-    lib = load_library(source, name_hint="graph") if entries else None
+    lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
     fn, wrapper_source = wrapper.build(program, entries, lib, ws_size, len(example_inputs))
     debug.log_output_code(getattr(lib, "_name", None), source, wrapper_source)
     if options.get("trace.enabled"):

@@ -25,6 +25,12 @@ CTYPES = {
 DOUBLE_ACCUMULATE_FROM = 4096
 PARALLEL_CHUNK = 4096
 
+# glibc's libmvec has SIMD versions of these; declaring them `omp declare simd` lets gcc call
+# the vector variants from vectorized loops (math.h only does so under -ffast-math)
+VECTOR_LIBM = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+               "log", "log2", "log10", "log1p", "expm1", "exp2", "erfc")
+VECTOR_LIBM_BINARY = ("atan2", "pow")
+LINK_FLAGS = ("-fno-math-errno", "-fno-trapping-math", "-lmvec")
 PRELUDE = r"""
 #include <algorithm>
 #include <cmath>
@@ -84,7 +90,73 @@ static inline uint16_t kiln_bf16_store(float f) {
   return (uint16_t)(u >> 16);
 }
 static inline float kiln_round_bf16(float x) { return kiln_bf16_load(kiln_bf16_store(x)); }
+
+// float exp/tanh/erf/sigmoid written so gcc vectorizes them (libm calls stop vectorization
+// without -ffast-math). exp: Cody-Waite reduction + degree-6 polynomial, ~1.5 ulp, inf/NaN/
+// denormal results as IEEE; double uses libm.
+static inline float kiln_exp(float x) {
+  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  xc = x != x ? 0.0f : xc;
+  float t = xc * 1.44269504088896341f + 12582912.0f;  // round to nearest via the 1.5*2^23 trick
+  float n = t - 12582912.0f;
+  int32_t ti; std::memcpy(&ti, &t, 4);
+  int32_t ni = ti - 0x4B400000;
+  float r = std::fma(n, -0.693359375f, xc);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500E-4f;
+  p = std::fma(p, r, 1.3981999507E-3f);
+  p = std::fma(p, r, 8.3334519073E-3f);
+  p = std::fma(p, r, 4.1665795894E-2f);
+  p = std::fma(p, r, 1.6666665459E-1f);
+  p = std::fma(p, r, 5.0000001201E-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  int32_t n1 = ni >> 1, n2 = ni - n1;  // two scalings reach denormal results
+  int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
+  float res = p * s1 * s2;
+  res = x > 88.72283905206835f ? std::numeric_limits<float>::infinity() : res;
+  res = x < -103.97207708f ? 0.0f : res;
+  return x != x ? x : res;
+}
+static inline double kiln_exp(double x) { return std::exp(x); }
+static inline float kiln_tanh(float x) {
+  float ax = x < 0 ? -x : x;
+  float z = x * x;
+  float small = ((((-5.70498872745E-3f * z + 2.06390887954E-2f) * z - 5.37397155531E-2f) * z
+                  + 1.33314422036E-1f) * z - 3.33332819422E-1f) * z * x + x;
+  float big = 1.0f - 2.0f / (kiln_exp(2.0f * ax) + 1.0f);
+  big = x < 0 ? -big : big;
+  float r = ax < 0.625f ? small : big;
+  return x != x ? x : r;
+}
+static inline double kiln_tanh(double x) { return std::tanh(x); }
+// erf as eager's vectorized CPU kernel computes it (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7)
+static inline float kiln_erf(float x) {
+  float ax = x < 0 ? -x : x;
+  float t = 1.0f / (1.0f + 0.3275911f * ax);
+  float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  float r = 1.0f - y * kiln_exp(-ax * ax);
+  r = x < 0 ? -r : r;
+  return x != x ? x : r;
+}
+static inline double kiln_erf(double x) { return std::erf(x); }
+template <typename T> static inline T kiln_sigmoid(T x) { return T(1) / (T(1) + kiln_exp(-x)); }
+
+extern "C" {
+DECLARE_VECTOR_LIBM
+}
+
+#pragma omp declare reduction(kiln_maxr : float, double : omp_out = kiln_max(omp_out, omp_in)) \
+    initializer(omp_priv = -std::numeric_limits<decltype(omp_orig)>::infinity())
+#pragma omp declare reduction(kiln_minr : float, double : omp_out = kiln_min(omp_out, omp_in)) \
+    initializer(omp_priv = std::numeric_limits<decltype(omp_orig)>::infinity())
 """
+
+
+PRELUDE = PRELUDE.replace("DECLARE_VECTOR_LIBM", "\n".join(
+    f"#pragma omp declare simd notinbranch\n{t} {name}{suffix}({', '.join([t] * arity)});"
+    for names, arity in ((VECTOR_LIBM, 1), (VECTOR_LIBM_BINARY, 2))
+    for name in names for t, suffix in (("float", "f"), ("double", ""))))
 
 
 def compute_ctype(dtype):
@@ -125,15 +197,13 @@ def cindex(e):
     raise NotImplementedError(f"index expression {e}")
 
 
-UNARY_CALLS = {name: f"std::{name}" for name in (
-    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin", "acos",
-    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "floor", "ceil", "trunc",
-    "lgamma")}
-UNARY_CALLS.update(round="std::nearbyint", relu="kiln_relu", sign="kiln_sign", isinf="std::isinf")
+UNARY_CALLS = {name: f"std::{name}" for name in ("sqrt", "floor", "ceil", "trunc", "lgamma")}
+UNARY_CALLS.update(round="std::nearbyint", relu="kiln_relu", sign="kiln_sign", isinf="std::isinf",
+                   exp="kiln_exp", tanh="kiln_tanh", erf="kiln_erf", sigmoid="kiln_sigmoid")
 BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
               "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
               "logical_and": "&&", "logical_or": "||"}
-BINARY_CALLS = {"maximum": "kiln_max", "minimum": "kiln_min", "atan2": "std::atan2", "pow": "std::pow",
+BINARY_CALLS = {"maximum": "kiln_max", "minimum": "kiln_min",
                 "floordiv": "kiln_floordiv", "truncdiv": "kiln_truncdiv", "remainder": "kiln_remainder",
                 "fmod": "kiln_fmod", "ipow": "kiln_ipow"}
 
@@ -193,13 +263,15 @@ class ExprPrinter:
         op = e.op
         if op in BINARY_OPS:
             return f"({args[0]} {BINARY_OPS[op]} {args[1]})"
+        if op in VECTOR_LIBM or op in VECTOR_LIBM_BINARY:
+            return f"{op}{'f' if ctype == 'float' else ''}({', '.join(args)})"
         if op in BINARY_CALLS:
             return f"{BINARY_CALLS[op]}({args[0]}, {args[1]})"
         if op in UNARY_CALLS:
             return f"{UNARY_CALLS[op]}({args[0]})"
         simple = {
             "neg": "(-{0})", "abs": "std::abs({0})", "rsqrt": "(({t})1 / std::sqrt({0}))",
-            "reciprocal": "(({t})1 / {0})", "sigmoid": "(({t})1 / (({t})1 + std::exp(-{0})))",
+            "reciprocal": "(({t})1 / {0})",
             "bitwise_not": "(~{0})", "logical_not": "(!{0})", "isnan": "({0} != {0})",
             "logical_xor": "((bool){0} != (bool){1})", "where": "({0} ? {1} : {2})",
             "cast": "static_cast<{t}>({0})",
@@ -217,9 +289,21 @@ REDUCTIONS = {
     "prod": ("1", "{acc} = {acc} * {v};", "*"),
     "any": ("false", "{acc} = {acc} || {v};", "||"),
     "all": ("true", "{acc} = {acc} && {v};", "&&"),
-    "max": (None, "{acc} = kiln_max({acc}, {v});", None),
-    "min": (None, "{acc} = kiln_min({acc}, {v});", None),
+    "max": (None, "{acc} = kiln_max({acc}, {v});", "max"),
+    "min": (None, "{acc} = kiln_min({acc}, {v});", "min"),
 }
+
+
+def simd_reduction_op(kind, acc_ctype):
+    """The `omp simd reduction` operator for an accumulator, or None (then the loop stays scalar).
+    Float max/min use kiln's own reductions: NaN propagates and the identity is +-inf."""
+    op = REDUCTIONS[kind][2]
+    if op in ("max", "min"):
+        if acc_ctype == "bool":
+            return None
+        if acc_ctype in ("float", "double"):
+            return f"kiln_{op}r"
+    return op
 
 
 def reduction_init(kind, ctype):
@@ -368,7 +452,7 @@ class KernelWriter:
                 body.append(f"{pad}{acc_ctype} {acc} = 0; int64_t {acc}_i = -1;")
             else:
                 body.append(f"{pad}{acc_ctype} {acc} = {reduction_init(n.reduction_type, acc_ctype)};")
-                simd_op = REDUCTIONS[n.reduction_type][2]
+                simd_op = simd_reduction_op(n.reduction_type, acc_ctype)
                 clauses.append(f"reduction({simd_op}:{acc})" if simd_op else None)
         simd_ok = all(c is not None for c in clauses) and len(clauses) == len(reductions)
         loop_lines = []
