@@ -166,6 +166,8 @@ class OutputGraph:
             raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
         mutated = any(t.fake._version != v for t, v in zip(tensors_in, versions))
         leaves = pytree.tree_leaves(result)
+        if any(isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape) for x in leaves):
+            raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated:
             if not is_constant(result) and not (isinstance(result, (list, tuple)) and all(map(is_constant, result))):

@@ -8,6 +8,7 @@ import dis
 import inspect
 import operator
 import sys
+import sysconfig
 
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
@@ -41,6 +42,14 @@ class _Instructions:
             found = instructions(code)
             cls._cache[code] = found
         return found
+
+
+_LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                   sysconfig.get_paths()["platlib"]) if p})
+
+
+def is_user_file(filename):
+    return not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<")
 
 
 def instructions(code):
@@ -136,8 +145,10 @@ class Frame:
                     raise Unsupported(f"opcode {inst.opname} is not supported")
                 result = handler(inst)
             except Unsupported as e:
-                if e.where is None:
+                # name the innermost line of the user's own code (not torch's or the stdlib's)
+                if e.where is None or (not getattr(e, "where_is_user", False) and is_user_file(self.code.co_filename)):
                     e.where = self.where(inst)
+                    e.where_is_user = is_user_file(self.code.co_filename)
                     e.args = (f"{e.msg} (at {e.where})",)
                 if self.parent is None:
                     capture.request_break(self, inst, e)

@@ -67,10 +67,19 @@ def dict_key(k):
     return value
 
 
+def set_key(v):
+    """What a set element hashes as: the value for constants and objects, identity for tensors."""
+    if isinstance(v, (ConstantVariable, ObjectVariable)):
+        return v.value
+    if isinstance(v, TensorVariable):
+        return ("tensor", id(v.fake))
+    return const_value(v, "set element")
+
+
 def dedup_set(items):
     seen, out = set(), []
     for i in items:
-        key = const_value(i, "set element")
+        key = set_key(i)
         if key not in seen:
             seen.add(key)
             out.append(i)
@@ -93,6 +102,8 @@ def result_var(og, value):
         return TupleVariable([result_var(og, v) for v in value], cls=type(value))
     if isinstance(value, dict):
         return DictVariable({k: result_var(og, v) for k, v in value.items()})
+    if type(value) is set:
+        return SetVariable([result_var(og, v) for v in value])
     if isinstance(value, torch.Tensor):
         raise Unsupported("a real tensor appeared during capture")
     return og.wrap(value, None, guard=False)
@@ -151,7 +162,9 @@ def contains(frame, container, item):
         raise Unsupported("`in` on a tensor's data")
     if isinstance(container, DictVariable):
         return dict_key(item) in container.items
-    if isinstance(container, (ListVariable, TupleVariable, SetVariable)):
+    if isinstance(container, SetVariable):
+        return set_key(item) in {set_key(i) for i in container.items}
+    if isinstance(container, (ListVariable, TupleVariable)):
         for i in container.items:
             if is_same(i, item):
                 return True
@@ -170,6 +183,20 @@ def apply_operator(frame, op, args):
     og = frame.og
     if op is operator.not_:
         return const(not truth(frame, args[0]))
+    if op is operator.truth:
+        return const(truth(frame, args[0]))
+    if op is operator.getitem:
+        return getitem(frame, args[0], args[1])
+    if op is operator.setitem:
+        setitem(frame, *args)
+        return const(None)
+    if op is operator.contains and not isinstance(args[0], TensorVariable):
+        return const(contains(frame, args[0], args[1]))
+    if op in (operator.is_, operator.is_not):
+        return const(is_same(args[0], args[1]) == (op is operator.is_))
+    if all(isinstance(a, SetVariable) or isinstance(a, ConstantVariable) and isinstance(a.value, frozenset)
+           for a in args) and len(args) == 2 and op in _SET_OPS:
+        return _set_operator(op, args)
     if any(isinstance(a, TensorVariable) for a in args):
         if op is operator.contains:
             raise Unsupported("`in` on tensor data")
@@ -220,6 +247,30 @@ def apply_operator(frame, op, args):
             except Exception as e:
                 raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
+
+
+_SET_OPS = (operator.or_, operator.and_, operator.sub, operator.xor, operator.ior, operator.iand, operator.isub,
+            operator.ixor, operator.eq, operator.ne, operator.le, operator.lt, operator.ge, operator.gt)
+
+
+def _set_operator(op, args):
+    by_key = {}
+    keysets = []
+    for a in args:
+        items = a.items if isinstance(a, SetVariable) else [const(v) for v in a.value]
+        keys = set()
+        for i in items:
+            k = set_key(i)
+            by_key.setdefault(k, i)
+            keys.add(k)
+        keysets.append(keys)
+    result = op(keysets[0], keysets[1])
+    if isinstance(result, bool):
+        return const(result)
+    if op in (operator.ior, operator.iand, operator.isub, operator.ixor) and isinstance(args[0], SetVariable):
+        args[0].items = [by_key[k] for k in by_key if k in result]
+        return args[0]
+    return SetVariable([by_key[k] for k in by_key if k in result])
 
 
 def _is_tuple(v):
@@ -581,6 +632,9 @@ def call_python_function(frame, fn, args, kwargs):
     """Inline a plain Python function (existing object)."""
     if is_disabled_function(fn):
         raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}")
+    mod = getattr(fn, "__module__", None) or ""
+    if mod.split(".")[0] in ("logging", "warnings"):
+        raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)")
     fn = getattr(fn, "__kiln_orig__", fn)
     if not isinstance(fn, types.FunctionType):
         return call(frame, frame.og.wrap(fn, None, guard=False), args, kwargs)
@@ -626,6 +680,14 @@ def _call_torch(frame, fn, args, kwargs):
         raise Unsupported(f"torch.{name} changes global state")
     if any(isinstance(a, (FunctionVariable, MethodVariable)) for a in _leaves(args, kwargs)):
         raise Unsupported(f"torch function {name} called with a Python function argument")
+    if not has_tensor:
+        # a query (dispatch state, flags) must see the real state, not capture's fake mode; a factory
+        # (torch.zeros) must become a node: the fake run tells which, without touching real RNG state
+        try:
+            result = og.call_op("call_function", fn, list(args), kwargs)
+        except Unsupported:
+            return _fold(og, fn, args, kwargs)
+        return _fold(og, fn, args, kwargs) if isinstance(result, ConstantVariable) else result
     return og.call_op("call_function", fn, list(args), kwargs)
 
 
@@ -680,6 +742,17 @@ def _call_value(frame, fn_var, args, kwargs):
                 return apply_operator(frame, fn, list(args))
             raise Unsupported(f"{fn.__name__} on a tensor needs its data in Python")
         return _fold(og, fn, args, kwargs)
+    if isinstance(fn, operator.itemgetter):
+        items = [getitem(frame, args[0], const(k)) for k in fn.__reduce__()[1]]
+        return items[0] if len(items) == 1 else make_tuple(items)
+    if isinstance(fn, operator.attrgetter):
+        items = []
+        for path in fn.__reduce__()[1]:
+            v = args[0]
+            for part in path.split("."):
+                v = getattr_var(frame, v, part)
+            items.append(v)
+        return items[0] if len(items) == 1 else make_tuple(items)
     if isinstance(fn, functools.partial):
         return call(frame, og.wrap(fn.func, None, guard=False),
                     [wrap_const(og, a) for a in fn.args] + list(args), {**{k: wrap_const(og, v) for k, v in fn.keywords.items()}, **kwargs})
@@ -718,6 +791,8 @@ def _construct(frame, cls_var, cls, args, kwargs):
         raise Unsupported(f"creating module {cls.__qualname__} inside compiled code")
     if issubclass(cls, BaseException):
         raise Unsupported(f"creating exception {cls.__qualname__}")
+    if cls in (operator.itemgetter, operator.attrgetter):
+        return _fold(og, cls, args, kwargs)
     if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
         if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or cls.__module__ == "builtins":
             return _fold(og, cls, args, kwargs)
@@ -818,10 +893,10 @@ def call_method(frame, obj, name, args, kwargs):
         elif name == "clear":
             obj.items = []
         else:
-            key = const_value(args[0], "set element")
-            if name == "remove" and key not in {const_value(i) for i in obj.items}:
+            key = set_key(args[0])
+            if name == "remove" and key not in {set_key(i) for i in obj.items}:
                 raise Unsupported("KeyError in set.remove")
-            obj.items = [i for i in obj.items if const_value(i) != key]
+            obj.items = [i for i in obj.items if set_key(i) != key]
         return const(None)
     if isinstance(obj, (TupleVariable, SetVariable)):
         if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
@@ -1145,6 +1220,18 @@ def _b_filter(frame, args, kwargs):
     return IteratorVariable([i for i in items if truth(frame, call(frame, fn, [i], {}))])
 
 
+def _b_reduce(frame, args, kwargs):
+    fn, items = args[0], unpack_iterable(frame, args[1])
+    if len(args) > 2:
+        items = [args[2]] + items
+    if not items:
+        raise Unsupported("reduce() of an empty sequence")
+    acc = items[0]
+    for item in items[1:]:
+        acc = call(frame, fn, [acc, item], {})
+    return acc
+
+
 def _b_sorted(frame, args, kwargs):
     items = unpack_iterable(frame, args[0])
     lst = ListVariable(items)
@@ -1163,7 +1250,7 @@ BUILTIN_HANDLERS = {
     round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
     pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
-    complex: _b_numeric(complex), collections.OrderedDict: _b_dict,
+    complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_dict,
     tuple.__new__: lambda frame, args, kwargs: TupleVariable(unpack_iterable(frame, args[1]),
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
