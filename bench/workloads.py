@@ -3,10 +3,11 @@
 Every builder is seeded and returns a fresh `Case`, so a workload is the same in the main process and in
 the cold/warm compile subprocesses. Sizes are chosen so that one eager call takes 1-50 ms on a small CPU.
 """
+import functools
 import importlib.util
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
@@ -30,7 +31,7 @@ class Workload:
     name: str
     description: str
     build: Callable[[], Case]
-    kind: str = "inference"
+    kind: Literal["inference", "training", "overhead", "dynamic"] = "inference"
     backend: str | Callable = "inductor"  # the same backend (name or callable) goes to kiln and torch.compile
     dynamic: bool | None = None
     static_twin: str | None = None     # for dynamic=True rows: the same call compiled static, to compare
@@ -48,10 +49,11 @@ class Workload:
 
 
 def _seeded(builder):
+    """Seed torch before building, so weights and inputs are the same in every process."""
+    @functools.wraps(builder)
     def build():
         torch.manual_seed(0)
         return builder()
-    build.__doc__ = builder.__doc__
     return build
 
 
@@ -206,18 +208,13 @@ def _training_step(inputs, target):
     """One step: forward, MSE loss, backward. Returns the loss and every parameter's gradient, so the
     comparison with eager covers the backward too."""
     def run(model):
-        params = [p for p in _module_of(model).parameters()]
+        params = list(model.parameters())  # a compiled module (kiln's or torch's) shares the original's
         for p in params:
             p.grad = None
         loss = F.mse_loss(model(inputs), target)
         loss.backward()
         return [loss.detach()] + [p.grad for p in params]
     return run
-
-
-def _module_of(model):
-    """The nn.Module behind a compiled wrapper (kiln and torch keep it as `_orig_mod`)."""
-    return getattr(model, "_orig_mod", model)
 
 
 @_seeded
