@@ -95,3 +95,38 @@ def test_five_sgd_steps_give_eager_losses(backend):
     eager_losses = train(reference, reference)
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-5)
     assert eager_losses[-1] < eager_losses[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_grad_and_enable_grad_regions(backend):
+    def f(x, w):
+        a = x * w
+        with torch.no_grad():
+            b = a.exp()
+            with torch.enable_grad():
+                c = (a * b).sin()
+        return (a + b + c).sum(), b
+    x, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    xe, we = (t.detach().clone().requires_grad_() for t in (x, w))
+    loss, b = kiln.compile(f, backend=backend)(x, w)
+    expected_loss, expected_b = f(xe, we)
+    assert compiled_by_kiln(loss) and not b.requires_grad
+    loss.backward()
+    expected_loss.backward()
+    torch.testing.assert_close((loss, b, x.grad, w.grad), (expected_loss, expected_b, xe.grad, we.grad))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_with_fallback_random_equals_eager_under_one_seed(backend):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.4), nn.Linear(32, 2)).train()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend=backend, options={"fallback_random": True})
+    x = torch.randn(16, 8)
+    results = []
+    for m, fn in ((model, compiled), (reference, reference)):
+        torch.manual_seed(7)
+        out = fn(x)
+        out.square().sum().backward()
+        results.append((out, *(p.grad for p in m.parameters())))
+    torch.testing.assert_close(results[0], results[1])
