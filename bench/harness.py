@@ -30,8 +30,9 @@ class Settings:
     first_call_limit_s: float = 300  # a compile that hangs becomes an error row instead of stopping the run
 
 
-def run_workload(workload, compilers, settings, progress=None):
-    """Measure `workload` with eager and `compilers`; never raises (a failure becomes an error row)."""
+def run_workload(workload, compilers, settings, note=lambda text: None):
+    """Measure `workload` with eager and `compilers`; never raises (a failure becomes an error row).
+    `note(text)` is told which stage is running (for the progress bar)."""
     start = time.perf_counter()
     result = WorkloadResult(workload.name, workload.description, workload.kind, workload.static_twin)
     missing = workload.missing_modules()
@@ -47,23 +48,23 @@ def run_workload(workload, compilers, settings, progress=None):
         return result
     grad_mode = torch.enable_grad() if workload.training else torch.no_grad()
     with grad_mode:
-        models = _first_calls(workload, case, [EAGER, *compilers], result, settings, progress)
+        models = _first_calls(workload, case, [EAGER, *compilers], result, settings, note)
         calls = {name: functools.partial(case.run, model) for name, model in models.items()}
-        _note(progress, "timing")
+        note("timing")
         _time_interleaved(calls, workload, settings, result)
         if workload.training:
-            _note(progress, "memory")
+            note("memory")
             _measure_saved_tensors(calls, models, result)
     result.wall_s = time.perf_counter() - start
     return result
 
 
-def _first_calls(workload, case, compilers, result, settings, progress):
+def _first_calls(workload, case, compilers, result, settings, note):
     """Compile and call each once (timing the first call), compare with eager; return the compiled models
     that worked, by compiler name."""
     models, reference = {}, None
     for compiler in compilers:
-        _note(progress, f"{compiler.name}: first call")
+        note(f"{compiler.name}: first call")
         m = result.measurements[compiler.name] = Measurement(compiler.name)
         try:
             model = prepare(compiler, case.model, workload)
@@ -228,8 +229,3 @@ def describe(error):
 def _short(filename):
     """kiln/capture/x.py for kiln's files, the bare name for anything else."""
     return "kiln/" + filename.rsplit("/kiln/", 1)[1] if "/kiln/" in filename else filename.rsplit("/", 1)[-1]
-
-
-def _note(progress, text):
-    if progress is not None:
-        progress.set_postfix_str(text, refresh=True)

@@ -159,7 +159,7 @@ def _problems(results):
         if r.skipped:
             lines.append(f"- **{r.name}** skipped: {r.skipped}")
         elif r.error:
-            lines.append(f"- **{r.name}** failed to build: `{r.error}`")
+            lines.append(f"- **{r.name}** failed: `{r.error}`")
         for m in r.measurements.values():
             if m.error:
                 lines.append(f"- **{r.name}** / {_label(m.compiler)}: `{m.error}`")

@@ -63,20 +63,26 @@ class RunInfo:
 
 
 def to_json(info, results):
-    def one(r):
-        d = asdict(r)
-        for name, m in r.measurements.items():
-            d["measurements"][name]["median_s"] = m.median_s
-            d["measurements"][name]["spread"] = m.spread
-        return d
-    return {"info": asdict(info), "results": [one(r) for r in results]}
+    return {"info": asdict(info), "results": [result_to_dict(r) for r in results]}
 
 
 def from_json(data):
     """Rebuild results from a --json file (for --compare)."""
-    results = []
-    for d in data["results"]:
-        measurements = {name: Measurement(**{k: v for k, v in m.items() if k not in ("median_s", "spread")})
-                        for name, m in d.pop("measurements").items()}
-        results.append(WorkloadResult(measurements=measurements, **d))
-    return results
+    return [result_from_dict(d) for d in data["results"]]
+
+
+_DERIVED = ("median_s", "spread")  # written for readers of the JSON, recomputed on load
+
+
+def result_to_dict(result):
+    d = asdict(result)
+    for name, m in result.measurements.items():
+        d["measurements"][name].update({key: getattr(m, key) for key in _DERIVED})
+    return d
+
+
+def result_from_dict(d):
+    d = dict(d)
+    measurements = {name: Measurement(**{k: v for k, v in m.items() if k not in _DERIVED})
+                    for name, m in d.pop("measurements").items()}
+    return WorkloadResult(measurements=measurements, **d)

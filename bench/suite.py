@@ -1,61 +1,107 @@
-"""Run the chosen workloads one after another, with a progress bar, adding cold/warm compile times."""
+"""Run the chosen workloads in a worker process (bench/worker.py) and watch it, with a progress bar.
+
+The worker runs the workloads one after another and reports each result as it finishes. If it dies (a
+segfault in generated code) or goes silent (a hang in native code, where no Python-level time limit can
+reach), the workload it was on becomes an error row and a fresh worker takes the rest: one failure never
+costs the run.
+"""
+import json
+import os
+import queue
+import signal
+import subprocess
 import sys
+import threading
 import time
+from dataclasses import asdict
 
 from tqdm import tqdm
 
-from bench import coldwarm
-from bench.harness import run_workload
-from bench.workloads import Workload
+from bench.machine import REPO
+from bench.results import WorkloadResult, result_from_dict
+from bench.worker import Job
+
+WORKER = [sys.executable, "-m", "bench.worker"]  # + the message file descriptor
 
 
 def run_suite(workloads, compilers, settings, *, threads, cold_warm, compile_timeout_s, cold_warm_until_s):
-    """Every workload under eager and `compilers`; a failure in one becomes its error row, never a stop.
-    Cold/warm compiles (the slowest part) are left out, with a note, once the run is `cold_warm_until_s` old,
-    so that a loaded machine stretches the run less."""
-    results, run_start = [], time.perf_counter()
-    bar = tqdm(workloads, unit="workload", file=sys.stderr, dynamic_ncols=True)
-    bar.set_postfix_str("warming up the compilers", refresh=True)
-    warm_up_compilers(compilers)
-    for workload in bar:
-        bar.set_description(workload.name)
-        start = time.perf_counter()
-        result = run_workload(workload, compilers, settings, progress=bar)
-        if cold_warm and workload.cold_warm:
-            late = time.perf_counter() - run_start > cold_warm_until_s
-            _add_cold_warm(result, workload, compilers, threads, compile_timeout_s, bar, late)
-        result.wall_s = time.perf_counter() - start
-        results.append(result)
-    return results
+    """Every workload under eager and `compilers`, in the given order. Cold/warm compiles (the slowest part)
+    are left out, with a note, once the run is `cold_warm_until_s` old."""
+    job = Job(workloads=[w.name for w in workloads], compilers=[c.name for c in compilers],
+              settings=asdict(settings), threads=threads, cold_warm=cold_warm,
+              compile_timeout_s=compile_timeout_s, cold_warm_until=time.time() + cold_warm_until_s)
+    # the longest a healthy worker stays silent: a cold and a warm compile subprocess, or one first call
+    silence_limit_s = max(2 * compile_timeout_s, settings.first_call_limit_s) + 120
+    by_name, results = {w.name: w for w in workloads}, {}
+    with tqdm(total=len(workloads), unit="workload", file=sys.stderr, dynamic_ncols=True) as bar:
+        while len(results) < len(workloads):
+            job.workloads = [name for name in by_name if name not in results]
+            _supervise(job, by_name, silence_limit_s, bar, results)
+            if job.workloads[0] not in results:  # a worker that exits cleanly without finishing one
+                for name in job.workloads:
+                    results[name] = _failed(by_name[name], "the worker exited before running it")
+    return [results[name] for name in by_name]
 
 
-def warm_up_compilers(compilers):
-    """Compile one trivial function with each compiler first, so that the lazy imports and start-up of a
-    compiler are not charged to the first workload's first call (cold/warm subprocesses measure those)."""
-    import torch
-
-    def trivial(x):
-        return x * 2 + 1
-
-    for compiler in compilers:
+def _supervise(job, by_name, silence_limit_s, bar, results):
+    """Run one worker until it finishes or fails; a failure is charged to the workload it was on."""
+    read_fd, write_fd = os.pipe()
+    worker = subprocess.Popen([*WORKER, str(write_fd)], stdin=subprocess.PIPE,
+                              stdout=2, cwd=REPO, pass_fds=(write_fd,), text=True)  # its prints: to our stderr
+    os.close(write_fd)
+    worker.stdin.write(job.to_json())
+    worker.stdin.close()
+    messages = _lines(read_fd)
+    current, stage = job.workloads[0], "starting"
+    while True:
         try:
-            compiler.wrap(trivial, _WARM_UP)(torch.randn(8))
-        except Exception:
-            pass  # a compiler that cannot even do this fails again, visibly, in the first workload
-        compiler.reset()
+            message = messages.get(timeout=silence_limit_s)
+        except queue.Empty:
+            worker.kill()
+            worker.wait()
+            failure = f"no progress for {silence_limit_s:.0f} s during {stage}: the worker was stopped"
+            break
+        if message is None:  # the worker closed its end: finished or died
+            code = worker.wait()
+            if code == 0:
+                return
+            failure = f"the worker process died ({_exit_reason(code)}) during {stage}"
+            break
+        event = message["event"]
+        if event == "start":
+            current, stage = message["workload"], "building"
+            bar.set_description(current)
+        elif event == "note":
+            stage = message["text"]
+            bar.set_postfix_str(stage, refresh=True)
+        elif event == "result":
+            results[current] = result_from_dict(message["result"])
+            bar.update()
+    results[current] = _failed(by_name[current], failure)
+    bar.update()
 
 
-_WARM_UP = Workload("warm_up", "compiler start-up", build=lambda: None)
+def _lines(fd):
+    """A queue of the JSON messages read from `fd` by a background thread; None once the writer closes."""
+    messages = queue.Queue()
+
+    def read():
+        with os.fdopen(fd) as channel:
+            for line in channel:
+                messages.put(json.loads(line))
+        messages.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    return messages
 
 
-def _add_cold_warm(result, workload, compilers, threads, timeout_s, bar, late):
-    for compiler in compilers:
-        m = result.measurements.get(compiler.name)
-        if m is None or m.error:  # it did not even compile in this process: nothing to time
-            continue
-        if late:
-            m.cold_warm_error = "left out: the run was past 80% of --max-minutes"
-            continue
-        bar.set_postfix_str(f"{compiler.name}: cold/warm compile", refresh=True)
-        times = coldwarm.measure(workload.name, compiler.name, threads, timeout_s)
-        m.cold_s, m.warm_s, m.cold_warm_error = times.cold_s, times.warm_s, times.error
+def _exit_reason(code):
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _failed(workload, reason):
+    return WorkloadResult(workload.name, workload.description, workload.kind, workload.static_twin, error=reason)

@@ -33,17 +33,15 @@ def test_workload_names_are_unique_and_cover_the_issues():
 def test_tiny_workload_end_to_end_with_json(tmp_path, capsys):
     results_md = RESULTS_MD.read_text() if RESULTS_MD.exists() else None
     out = tmp_path / "run.json"
-    argv = ["--only", "overhead_add_one", "--compilers", "kiln", "--budget", "0.001", "--no-cold-warm",
+    argv = ["--only", "overhead_add_one", "--compilers", "eager", "--budget", "0.001", "--no-cold-warm",
             "--threads", str(torch.get_num_threads()), "--json", str(out)]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     (row,) = from_json(data)
-    assert row.name == "overhead_add_one" and set(row.measurements) == {"eager", "kiln"}
+    assert row.name == "overhead_add_one" and set(row.measurements) == {"eager"}
     assert row.measurements["eager"].calls >= BY_NAME["overhead_add_one"].min_calls
-    kiln = row.measurements["kiln"]
-    assert kiln.error or kiln.calls >= BY_NAME["overhead_add_one"].min_calls
     assert "| overhead_add_one" in capsys.readouterr().out
-    assert "| overhead_add_one | eager |" in report.compare([row], [row], ["eager", "kiln"])
+    assert "| overhead_add_one | eager |" in report.compare([row], [row], ["eager"])
     # a run with --only never overwrites the committed full table
     assert (RESULTS_MD.read_text() if RESULTS_MD.exists() else None) == results_md
 
@@ -74,6 +72,17 @@ def test_a_missing_module_is_a_skipped_row():
                  needs=("no_such_module_kiln_bench",))
     result = run_workload(w, [], TINY)
     assert result.skipped and "no_such_module_kiln_bench" in result.skipped
+
+
+def test_a_crashing_worker_costs_one_row_not_the_run(monkeypatch):
+    import sys
+
+    from bench import suite
+    monkeypatch.setattr(suite, "WORKER", [sys.executable, "-c", "import os; os.abort()"])
+    rows = suite.run_suite([BY_NAME["softmax"], BY_NAME["mlp"]], [], TINY, threads=1, cold_warm=False,
+                           compile_timeout_s=10, cold_warm_until_s=0)
+    assert [r.name for r in rows] == ["softmax", "mlp"]
+    assert all("SIGABRT" in r.error for r in rows)
 
 
 def test_training_step_measures_saved_tensors():
