@@ -23,9 +23,10 @@ class Unsupported(KilnError):
     user, naming the construct and the file:line of the user's code.
     """
 
-    def __init__(self, msg, *, where=None):
+    def __init__(self, msg, *, where=None, python_exception=None):
         self.msg = msg
         self.where = where  # "file:line" in user code, when known
+        self.python_exception = python_exception  # a real exception the captured code raised, if any
         super().__init__(f"{msg} (at {where})" if where else msg)
 
 

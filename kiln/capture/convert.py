@@ -101,9 +101,14 @@ def _why_not_breakable(code, inst):
     if inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in ("CALL",
                                                                                             "CALL_FUNCTION_EX"):
         return f"cannot resume after {inst.opname}"
+    insts, index_of = interp.instructions(code)
     for entry in dis._parse_exception_table(code):
         if entry.start <= inst.offset < entry.end:
-            return "the break is inside a try/with block"
+            # try/except/finally: the resume function keeps the handlers. A with-block would need its
+            # context manager re-entered, which capture cannot do in general.
+            handler = insts[index_of[entry.target]:index_of[entry.target] + 3]
+            if any(i.opname == "WITH_EXCEPT_START" for i in handler) or _in_with_block(insts, inst.offset):
+                return "the break is inside a with block"
     for i in dis.get_instructions(code):
         if i.opname.startswith("JUMP_BACKWARD") or i.opname.startswith("POP_JUMP_BACKWARD"):
             if i.argval <= inst.offset < i.offset:
@@ -111,6 +116,19 @@ def _why_not_breakable(code, inst):
     if inst.opname == "COMPARE_OP" and inst.argval not in COMPARE_OPS:
         return "unknown comparison"
     return None
+
+
+def _in_with_block(insts, offset):
+    """True when a BEFORE_WITH before `offset` has not reached its normal exit call yet."""
+    depth = 0
+    for i in insts:
+        if i.offset >= offset:
+            break
+        if i.opname == "BEFORE_WITH":
+            depth += 1
+        elif i.opname == "WITH_EXCEPT_START" and depth:
+            depth -= 1
+    return depth > 0
 
 
 def compile_frame(F, L, code, backend, fullgraph):

@@ -102,8 +102,6 @@ class OutputGraph:
                 else:
                     g.id_match(source, value)
             return ObjectVariable(value, source)
-        if isinstance(value, (list, tuple, dict, set)):
-            raise Unsupported(f"container subclass {type(value).__qualname__} is not supported")
         if g:
             g.type_match(source, value)
         return ObjectVariable(value, source)

@@ -67,6 +67,9 @@ def instructions(code):
     return insts, index_of
 
 
+_EXCEPTION_TABLES = {}
+
+
 class RealCell:
     """A closure cell that exists outside the capture: reads are guarded, writes are side effects."""
 
@@ -145,6 +148,8 @@ class Frame:
                     raise Unsupported(f"opcode {inst.opname} is not supported")
                 result = handler(inst)
             except Unsupported as e:
+                if e.python_exception is not None and self._handle_exception(inst, e.python_exception):
+                    continue
                 # name the innermost line of the user's own code (not torch's or the stdlib's)
                 if e.where is None or (not getattr(e, "where_is_user", False) and is_user_file(self.code.co_filename)):
                     e.where = self.where(inst)
@@ -157,6 +162,41 @@ class Frame:
                 raise Unsupported("recursion too deep during capture")
             if result is not None:
                 return result[0]
+
+    def _handle_exception(self, inst, exc):
+        """A real Python exception raised by code run natively during capture (e.g. a query that fails
+        on this machine) inside a try block: continue at the handler, as CPython would."""
+        for entry in self._exception_table():
+            if entry.start <= inst.offset < entry.end:
+                del self.stack[entry.depth:]
+                if entry.lasti:
+                    self.push(const(inst.offset))
+                self.push(ObjectVariable(exc))
+                self.ip = self.index_of[entry.target]
+                return True
+        return False
+
+    def _exception_table(self):
+        table = _EXCEPTION_TABLES.get(self.code)
+        if table is None:
+            table = _EXCEPTION_TABLES[self.code] = dis._parse_exception_table(self.code)
+        return table
+
+    def PUSH_EXC_INFO(self, inst):
+        exc = self.pop()
+        self.push(const(None))
+        self.push(exc)
+
+    def CHECK_EXC_MATCH(self, inst):
+        cls = self.pop()
+        exc = self.stack[-1]
+        self.push(const(isinstance(exc.value, objects.const_value(cls))))
+
+    def POP_EXCEPT(self, inst):
+        self.pop()
+
+    def RERAISE(self, inst):
+        raise Unsupported("re-raising an exception during capture")
 
     # ---- stack ----------------------------------------------------------------------------------
     def NOP(self, inst):
@@ -186,6 +226,18 @@ class Frame:
         if len(self.yields) > 100_000:
             raise Unsupported("generator yields too many values")
         self.push(const(None))
+
+    def GET_YIELD_FROM_ITER(self, inst):
+        self.push(objects.get_iter(self, self.pop()))
+
+    def SEND(self, inst):
+        self.pop()  # the value sent in: always None for an inlined `yield from`
+        item = self.stack[-1].next() if isinstance(self.stack[-1], IteratorVariable) else None
+        if item is None:
+            self.stack[-1] = const(None)  # the sub-iterator's return value
+            self.jump(inst)
+        else:
+            self.push(item)
 
     def RETURN_VALUE(self, inst):
         value = self.pop()

@@ -613,10 +613,31 @@ def _call_method_var(frame, m, args, kwargs):
     if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)):
         if fn is object.__init__:
             return const(None)
+        view = _readonly_dict_view(frame, obj, fn)
+        if view is not None:
+            return call_method(frame, view, fn.__name__, args, kwargs)
+        if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
+            return call_method(frame, obj, fn.__name__, args, kwargs)
         return call(frame, ObjectVariable(fn), [obj] + list(args), kwargs)
     if isinstance(fn, FunctionVariable):
         return call(frame, fn, [obj] + list(args), kwargs)
     return call_python_function(frame, fn, [obj] + list(args), kwargs)
+
+
+_READONLY_DICT_METHODS = {"get", "keys", "values", "items", "__contains__", "__len__", "__getitem__", "copy"}
+
+
+def _readonly_dict_view(frame, obj, fn):
+    """dict's own read-only methods on an existing dict subclass instance (a registry, a ModelOutput):
+    a DictVariable over its current items, guarded on its keys."""
+    if not (isinstance(obj, ObjectVariable) and isinstance(obj.value, dict) and obj.source is not None
+            and fn.__name__ in _READONLY_DICT_METHODS and getattr(fn, "__objclass__", None) in (dict, collections.OrderedDict)):
+        return None
+    value = obj.value
+    if not all(type(k) in (str, int) for k in value):
+        return None
+    frame.og.guards.keys_match(obj.source, value)
+    return DictVariable({k: frame.og.wrap(dict.__getitem__(value, k), ItemSource(obj.source, k)) for k in value})
 
 
 def _tensor_method(frame, t, name, args, kwargs):
@@ -778,7 +799,7 @@ def _fold(og, fn, args, kwargs):
     except Unsupported:
         raise
     except Exception as e:
-        raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+        raise Unsupported(f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}", python_exception=e) from e
 
 
 def _construct(frame, cls_var, cls, args, kwargs):
