@@ -15,7 +15,8 @@ from kiln.debug.logs import log
 def compile_fx(gm, example_inputs, options=None, inner="cpp"):
     """Compile a torch-level fx graph for `example_inputs`."""
     options = options if options is not None else compiler_options()
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+    if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+                                    or any(p.requires_grad for p in gm.parameters())):
         from kiln.compiler.training import compile_training
         return compile_training(gm, example_inputs, options, inner)
     from kiln.compiler import aot

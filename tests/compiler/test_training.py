@@ -377,3 +377,24 @@ def test_outputs_that_are_inputs_or_views_of_them(inner):
     assert outs[2] is compiled_args[1] and outs[3] is compiled_args[2]
     run_both(torch.fx.symbolic_trace(f), args, inner,
              loss=lambda outs: outs[0].sum() * 2 + outs[1].sum() + outs[4].sum())
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_parameters_read_through_get_attr_get_gradients(inner):
+    """A graph from symbolic_trace of a module reads its parameters as attributes, not inputs;
+    compile_fx must still train them, even when no input requires grad."""
+    from kiln.compiler import compile_fx
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2)).train()
+    reference = copy.deepcopy(model)
+    x = torch.randn(5, 6)
+    compiled = compile_fx(torch.fx.symbolic_trace(model), [x], compiler_options(), inner)
+    out = compiled(x)
+    expected = reference(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    for b, c in zip(model.buffers(), reference.buffers()):
+        torch.testing.assert_close(b, c)
