@@ -18,6 +18,7 @@ import operator
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 aten = torch.ops.aten
 
@@ -146,8 +147,8 @@ def _save_cost(j, node):
     val = node.meta.get("val")
     if node in j.input_memory:
         return 0
-    if isinstance(val, torch.Tensor):
-        return int(val.numel()) * val.element_size()
+    if isinstance(val, torch.Tensor):  # with symbolic sizes: their hints, without adding guards
+        return optimization_hint(val.numel(), fallback=4096) * val.element_size()
     if isinstance(val, (tuple, list)):
         return math.inf
     return 1  # a symbolic scalar: small but not free, so the cut prefers not to pass them

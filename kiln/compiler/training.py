@@ -165,7 +165,12 @@ class _CompiledFunction(torch.autograd.Function):
         results = graph.forward(*args)
         outputs, saved = results[:graph.num_forward], results[graph.num_forward:]
         ctx.graph = graph
-        ctx.save_for_backward(*_unalias_saved(saved, args, graph.signature.mutated))
+        # sizes (with dynamic shapes) are saved as plain values; tensors go through autograd's
+        # saved-tensor checks, so a later in-place write to one is an error, as in eager
+        ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
+        ctx.sizes = [s for s in saved if not isinstance(s, torch.Tensor)]
+        ctx.save_for_backward(*_unalias_saved([s for s in saved if isinstance(s, torch.Tensor)], args,
+                                              graph.signature.mutated))
         ctx.mark_non_differentiable(*(o for o, d in zip(outputs, graph.signature.differentiable) if not d))
         return tuple(outputs)
 
@@ -179,7 +184,9 @@ class _CompiledFunction(torch.autograd.Function):
         sig = graph.signature
         # the graph was traced with contiguous tangents; compiled code may assume their strides
         tangents = [g.contiguous() for g, d in zip(grad_outputs, sig.differentiable) if d]
-        grads = graph.backward(list(ctx.saved_tensors), tangents)
+        tensors, sizes = iter(ctx.saved_tensors), iter(ctx.sizes)
+        saved = [next(tensors) if is_tensor else next(sizes) for is_tensor in ctx.is_tensor]
+        grads = graph.backward(saved, tangents)
         grad_inputs = [None] * len(sig.requires_grad)
         for i, g in zip(sig.grad_inputs, grads):
             grad_inputs[i] = g

@@ -398,3 +398,26 @@ def test_parameters_read_through_get_attr_get_gradients(inner):
         torch.testing.assert_close(p.grad, q.grad)
     for b, c in zip(model.buffers(), reference.buffers()):
         torch.testing.assert_close(b, c)
+
+
+def test_symbolic_batch_size():
+    """With dynamic shapes capture hands fake inputs with symbolic sizes; sizes the backward
+    needs are saved as values, and one compiled graph serves every batch size."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    def f(x, w, b):
+        y = F.gelu(F.linear(x, w, b))
+        return (y * y.shape[0]).sum()
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    w, b = torch.randn(4, 8, requires_grad=True), torch.randn(4, requires_grad=True)
+    dynamic_batch = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    example = [mode.from_tensor(torch.randn(5, 8), symbolic_context=dynamic_batch),
+               mode.from_tensor(w), mode.from_tensor(b)]
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), example, "eager")
+    for batch in (5, 9):
+        x = torch.randn(batch, 8)
+        (gw, gb) = torch.autograd.grad(compiled(x, w, b), (w, b))
+        expected = torch.autograd.grad(f(x, w, b), (w, b))
+        torch.testing.assert_close((gw, gb), expected)
+    assert len(compiled.variants) == 1
