@@ -82,30 +82,35 @@ def run(args, command):
     if unknown:
         sys.exit(f"unknown workload or compiler: {', '.join(unknown)}; workloads: {', '.join(BY_NAME)}; "
                  f"compilers: {', '.join(c for c in COMPILERS if c != 'eager')}")
+    # read the old results first: a bad --compare file should fail now, not after a long run
+    old = results_mod.from_json(json.loads(args.compare.read_text())) if args.compare else None
     compilers = [COMPILERS[c] for c in args.compilers if c != "eager"]
     workloads = [BY_NAME[n] for n in args.only] if args.only else WORKLOADS
 
-    machine.set_threads(args.threads)
     started, clock = datetime.now(timezone.utc), time.perf_counter()
-    info_machine = machine.describe(args.threads)
+    about = machine.describe(args.threads)
     results = run_suite(workloads, compilers, Settings(budget_s=args.budget), threads=args.threads,
                         cold_warm=args.cold_warm, compile_timeout_s=args.compile_timeout,
                         cold_warm_until_s=args.max_minutes * 60 * 0.8)
-    info_machine["load_average_end"] = machine.describe(args.threads)["load_average"]
+    about["load_average_end"] = machine.load_average()
     info = results_mod.RunInfo(command=command, started_utc=started.strftime("%Y-%m-%d %H:%M"),
-                               wall_s=time.perf_counter() - clock, machine=info_machine,
+                               wall_s=time.perf_counter() - clock, machine=about,
                                settings={"budget_s": args.budget, "cold_warm": args.cold_warm,
                                          "compilers": [c.name for c in compilers]})
-    old = results_mod.from_json(json.loads(args.compare.read_text())) if args.compare else None
-    text = report.markdown(info, results, ["eager", *(c.name for c in compilers)], old=old)
+    _write(args, info, results, report.markdown(info, results, ["eager", *(c.name for c in compilers)], old=old))
+    return 0
+
+
+def _write(args, info, results, text):
+    from bench.results import to_json
+
     print(text)
     if args.json:
-        args.json.write_text(json.dumps(results_mod.to_json(info, results), indent=1))
+        args.json.write_text(json.dumps(to_json(info, results), indent=1))
     destination = args.results_md or (None if args.only else RESULTS_MD)
     if destination:
         destination.write_text(text)
         print(f"wrote {destination}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def describe(threads):
         "python": platform.python_version(),
         "torch": torch.__version__,
         "kiln_commit": _git_commit(),
-        "load_average": _load_average(),
+        "load_average": load_average(),
     }
 
 
@@ -66,7 +66,7 @@ def _git(*args):
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _load_average():
+def load_average():
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
