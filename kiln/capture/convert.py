@@ -109,6 +109,8 @@ def _why_not_breakable(code, inst):
             handler = insts[index_of[entry.target]:index_of[entry.target] + 3]
             if any(i.opname == "WITH_EXCEPT_START" for i in handler) or _in_with_block(insts, inst.offset):
                 return "the break is inside a with block"
+            if entry.lasti and inst.opname in _JUMPS:
+                return "a branch on tensor data inside a cleanup handler"
     for i in dis.get_instructions(code):
         if i.opname.startswith("JUMP_BACKWARD") or i.opname.startswith("POP_JUMP_BACKWARD"):
             if i.argval <= inst.offset < i.offset:
@@ -171,62 +173,75 @@ def _compile_graph(og, glue, backend, code):
 
 
 def _break_tail(cap, glue, brk):
-    """Lines that run the breaking construct natively and call the resume function(s)."""
+    """Lines that run the breaking construct natively and call the resume function(s).
+
+    Inside a try block the native part is wrapped so that an exception continues at the frame's
+    own handler (a resume function at the handler offset), exactly as CPython unwinds.
+    """
     from kiln.capture import runtime
     frame, inst = brk.frame, brk.inst
     stack = list(frame.stack)
     insts, index_of = frame.insts, frame.index_of
     next_offset = insts[index_of[inst.offset] + 1].offset if index_of[inst.offset] + 1 < len(insts) else None
-    reason = brk.reason
-    _log_break(reason)
+    _log_break(brk.reason)
     caller = glue.const(runtime.Caller(cap.backend_for_glue), "CALL")
+    resume = lambda below, offset, extra: _resume_call(cap, glue, frame, below, offset, extra)  # noqa: E731
 
-    if inst.opname == "CALL":
-        n = inst.arg
-        kw_names = frame.kw_names or ()
-        args = stack[len(stack) - n:]
-        first, second = stack[len(stack) - n - 2], stack[len(stack) - n - 1]
-        below = stack[:len(stack) - n - 2]
-        if isinstance(first, NullVariable):
-            fn, args = second, args
-        else:
-            fn, args = first, [second] + args
-        nkw = len(kw_names)
-        pos, kws = args[:len(args) - nkw], args[len(args) - nkw:]
-        fn_e = glue.value(fn)
-        arg_e = [glue.value(a) for a in pos] + [f"{k}={glue.value(v)}" for k, v in zip(kw_names, kws)]
-        call_line = f"__r = {caller}({', '.join([fn_e] + arg_e)})"
-        return _resume_after(cap, glue, frame, below, [call_line], next_offset, pushed=True), reason
-    if inst.opname == "CALL_FUNCTION_EX":
-        has_kw = inst.arg & 1
-        kw = stack[-1] if has_kw else None
-        args = stack[-1 - has_kw]
-        fn = stack[-2 - has_kw]
-        below = stack[:len(stack) - 2 - has_kw]
-        if below and isinstance(below[-1], NullVariable):
-            below = below[:-1]
-        parts = [glue.value(fn), "*" + glue.value(args)] + (["**" + glue.value(kw)] if kw is not None else [])
-        call_line = f"__r = {caller}({', '.join(parts)})"
-        return _resume_after(cap, glue, frame, below, [call_line], next_offset, pushed=True), reason
     if inst.opname in _JUMPS:
-        value = stack[-1]
-        below = stack[:-1]
+        value, below = stack[-1], stack[:-1]
         v = glue.value(value)
-        jump_if = "TRUE" in inst.opname
         keep = inst.opname.startswith("JUMP_IF")
-        taken_stack = below + [value] if keep else below
-        taken = _resume_after(cap, glue, frame, taken_stack, [], inst.argval, pushed=False, finish=False)
-        fallthrough = _resume_after(cap, glue, frame, below, [], next_offset, pushed=False)
-        cond = v if jump_if else f"not {v}"
-        return [f"if {cond}:"] + ["    " + t for t in taken] + fallthrough, reason
-    npop = _NATIVE_OPS[inst.opname]
-    operands = stack[len(stack) - npop:]
-    below = stack[:len(stack) - npop]
-    ops = [glue.value(o) for o in operands]
-    line, pushed, push_null = _native_op_line(glue, inst, ops)
-    if push_null:
-        below = below + [interp.NULL]
-    return _resume_after(cap, glue, frame, below, [line], next_offset, pushed=pushed), reason
+        taken = resume(below + [value] if keep else below, inst.argval, [])
+        fallthrough = resume(below, next_offset, [])
+        native = [f"__c = {'not ' if 'FALSE' in inst.opname else ''}{v}"]
+        after = [f"if __c:", f"    {taken}", fallthrough]
+    else:
+        if inst.opname == "CALL":
+            n = inst.arg
+            kw_names = frame.kw_names or ()
+            args = stack[len(stack) - n:]
+            first, second = stack[len(stack) - n - 2], stack[len(stack) - n - 1]
+            below = stack[:len(stack) - n - 2]
+            fn, args = (second, args) if isinstance(first, NullVariable) else (first, [second] + args)
+            nkw = len(kw_names)
+            pos, kws = args[:len(args) - nkw], args[len(args) - nkw:]
+            parts = [glue.value(fn)] + [glue.value(a) for a in pos] + \
+                [f"{k}={glue.value(v)}" for k, v in zip(kw_names, kws)]
+            native, pushed, push_null = [f"__r = {caller}({', '.join(parts)})"], True, False
+        elif inst.opname == "CALL_FUNCTION_EX":
+            has_kw = inst.arg & 1
+            kw = stack[-1] if has_kw else None
+            args, fn = stack[-1 - has_kw], stack[-2 - has_kw]
+            below = stack[:len(stack) - 2 - has_kw]
+            if below and isinstance(below[-1], NullVariable):
+                below = below[:-1]
+            parts = [glue.value(fn), "*" + glue.value(args)] + (["**" + glue.value(kw)] if kw is not None else [])
+            native, pushed, push_null = [f"__r = {caller}({', '.join(parts)})"], True, False
+        else:
+            npop = _NATIVE_OPS[inst.opname]
+            below = stack[:len(stack) - npop]
+            ops = [glue.value(o) for o in stack[len(stack) - npop:]]
+            line, pushed, push_null = _native_op_line(glue, inst, ops)
+            native = [line]
+        if push_null:
+            below = below + [interp.NULL]
+        after = [resume(below, next_offset, ["__r"] if pushed else [])]
+    handler = _covering_handler(frame.code, inst.offset)
+    if handler is not None:
+        exc_stack = stack[:handler.depth]
+        extra = ([repr(inst.offset)] if handler.lasti else []) + ["__e"]
+        on_error = resume(exc_stack, handler.target, extra)
+        native = ["try:"] + ["    " + line for line in native] + \
+            ["except BaseException as __e:", f"    {on_error}"]
+    glue.replay_side_effects()
+    return native + after, brk.reason
+
+
+def _covering_handler(code, offset):
+    for entry in dis._parse_exception_table(code):
+        if entry.start <= offset < entry.end:
+            return entry
+    return None
 
 
 def _native_op_line(glue, inst, ops):
@@ -253,35 +268,28 @@ def _native_op_line(glue, inst, ops):
     raise AssertionError(name)
 
 
-def _resume_after(cap, glue, frame, below, lines, offset, pushed, finish=True):
-    """Lines: run `lines`, then call the resume function at `offset` with the stack and live locals."""
+def _resume_call(cap, glue, frame, below, offset, extra):
+    """`return <resume function at offset>(stack below..., extra..., live locals...)` through the runtime."""
     from kiln.capture import runtime
     code = frame.code
-    stack_nulls = [isinstance(v, NullVariable) for v in below] + ([False] if pushed else [])
+    stack_nulls = [isinstance(v, NullVariable) for v in below] + [False] * len(extra)
     live = [n for n in code.co_varnames if n in live_locals(code, offset) and n in frame.locals]
     stack_vals = [glue.value(v) for v in below if not isinstance(v, NullVariable)]
     local_vals = [_local_expr(glue, frame.locals[n]) for n in live]
-    cell_vals = [glue.value(frame.cells[n]) for n in code.co_cellvars if n in frame.cells]
-    if len(cell_vals) != len(code.co_cellvars):
-        missing = [n for n in code.co_cellvars if n not in frame.cells]
-        for n in missing:
-            frame.cells[n] = interp.CellVariable()
-        cell_vals = [glue.value(frame.cells[n]) for n in code.co_cellvars]
-    if finish:
-        glue.replay_side_effects()
+    for n in code.co_cellvars:
+        frame.cells.setdefault(n, interp.CellVariable())
+    cell_vals = [glue.value(frame.cells[n]) for n in code.co_cellvars]
     rcode = resume_code(code, offset, stack_nulls, live)
     if enabled("bytecode"):
         log("bytecode", "resume function %s:\n%s", rcode.co_name, _dis(rcode))
     rcache = glue.const(runtime.get_cache(rcode, cap.backend_for_glue, False), "RESUME")
-    fn_type = glue.const(types.FunctionType, "FN")
     closure = "None"
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)
         closure = f"(F.__closure__ or ()) + ({cells})" if code.co_freevars else f"({cells})"
-    args = stack_vals + (["__r"] if pushed else []) + local_vals
-    tuple_e = "(" + "".join(a + ", " for a in args) + ")"
-    return list(lines) + [f"return {rcache}({fn_type}({glue.const(rcode, 'RCODE')}, F.__globals__, "
-                          f"{rcode.co_name!r}, None, {closure}), {tuple_e})"]
+    args = "(" + "".join(a + ", " for a in stack_vals + list(extra) + local_vals) + ")"
+    return (f"return {rcache}({glue.const(types.FunctionType, 'FN')}({glue.const(rcode, 'RCODE')}, "
+            f"F.__globals__, {rcode.co_name!r}, None, {closure}), {args})")
 
 
 def _local_expr(glue, v):

@@ -83,7 +83,12 @@ class Glue:
             return "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
         if isinstance(var, DictVariable):
             body = "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in var.items.items()) + "}"
-            return body if var.cls is dict else f"{self.const(var.cls, 'CLS')}({body})"
+            if var.cls is dict:
+                return body
+            factory = getattr(var, "default_factory", None)
+            if factory is not None:
+                return f"{self.const(var.cls, 'CLS')}({self.value(factory)}, {body})"
+            return f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
         if isinstance(var, CellVariable):

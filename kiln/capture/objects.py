@@ -302,7 +302,12 @@ def getitem(frame, obj, key):
     if isinstance(obj, DictVariable):
         k = dict_key(key)
         if k not in obj.items:
-            raise Unsupported(f"KeyError {k!r}")
+            factory = getattr(obj, "default_factory", None)
+            if factory is not None and not is_same(factory, const(None)):
+                obj.items[k] = call(frame, factory, [], {})
+                frame.og.side_effects.mark_mutated(obj)
+                return obj.items[k]
+            raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         return obj.items[k]
     if isinstance(obj, ConstantVariable):
         try:
@@ -775,8 +780,13 @@ def _call_value(frame, fn_var, args, kwargs):
             items.append(v)
         return items[0] if len(items) == 1 else make_tuple(items)
     if isinstance(fn, functools.partial):
-        return call(frame, og.wrap(fn.func, None, guard=False),
-                    [wrap_const(og, a) for a in fn.args] + list(args), {**{k: wrap_const(og, v) for k, v in fn.keywords.items()}, **kwargs})
+        src = fn_var.source
+        pre = [og.wrap(a, ItemSource(AttrSource(src, "args"), i) if src else None)
+               for i, a in enumerate(fn.args)]
+        kw = {k: og.wrap(v, ItemSource(AttrSource(src, "keywords"), k) if src else None)
+              for k, v in fn.keywords.items()}
+        func = og.wrap(fn.func, AttrSource(src, "func") if src else None)
+        return call(frame, func, pre + list(args), {**kw, **kwargs})
     call_attr = inspect.getattr_static(type(fn), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         return call_python_function(frame, call_attr, [fn_var] + list(args), kwargs)
@@ -1015,6 +1025,13 @@ def _dict_method(frame, d, name, args, kwargs):
         return const(len(d.items))
     if name == "copy":
         return DictVariable(d.items, cls=d.cls)
+    if name == "move_to_end" and d.cls is collections.OrderedDict:
+        k = dict_key(args[0])
+        last = const_value(args[1]) if len(args) > 1 else const_value(kwargs.get("last", const(True)))
+        value = d.items.pop(k)
+        d.items = {k: value, **d.items} if not last else {**d.items, k: value}
+        og.side_effects.mark_mutated(d)
+        return const(None)
     if name in ("__setitem__", "update", "pop", "setdefault", "clear", "__delitem__", "popitem"):
         og.side_effects.mark_mutated(d)
         if name == "__setitem__":
@@ -1154,6 +1171,19 @@ def _b_dict(frame, args, kwargs):
     return DictVariable(items)
 
 
+def _b_ordered_dict(frame, args, kwargs):
+    d = _b_dict(frame, args, kwargs)
+    d.cls = collections.OrderedDict
+    return d
+
+
+def _b_defaultdict(frame, args, kwargs):
+    d = _b_dict(frame, args[1:], kwargs)
+    d.cls = collections.defaultdict
+    d.default_factory = args[0] if args else const(None)
+    return d
+
+
 def _b_set(frame, args, kwargs):
     return SetVariable(dedup_set(unpack_iterable(frame, args[0]) if args else []))
 
@@ -1271,7 +1301,7 @@ BUILTIN_HANDLERS = {
     round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
     pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
-    complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_dict,
+    complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,
     tuple.__new__: lambda frame, args, kwargs: TupleVariable(unpack_iterable(frame, args[1]),
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
