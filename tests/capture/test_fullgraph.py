@@ -70,7 +70,8 @@ def break_line(fn):
 
 
 @pytest.mark.parametrize("fn, construct", [
-    (uses_print, r"print"), (uses_logging, r"warning|log"), (uses_item, r"item"), (uses_tolist, r"tolist|data.dependent"),
+    (uses_print, r"print"), (uses_logging, r"warning|log"), (uses_item, r"item"),
+    (uses_tolist, r"tolist|data.dependent"),
     (uses_tensor_bool, r"bool|data.dependent|branch|\bif\b"), (uses_disabled, r"disable"),
     (uses_unknown_c_function, r"crc32"), (uses_break_in_callee, r"print"),
 ], ids=lambda v: getattr(v, "__name__", None))

@@ -21,7 +21,8 @@ def functional_ops(x):
 
 
 def factories_from_metadata(x):
-    return torch.zeros(x.shape), torch.ones_like(x), x.new_full((2,), 3.0), torch.arange(x.shape[0]), torch.eye(x.size(1))
+    return (torch.zeros(x.shape), torch.ones_like(x), x.new_full((2,), 3.0), torch.arange(x.shape[0]),
+            torch.eye(x.size(1)))
 
 
 def dtype_and_device_conversions(x):
@@ -114,7 +115,8 @@ def scalar_tensor_python_mix(x):
     return x * t + x.new_tensor(3.0) - torch.as_tensor([1.0, 2.0, 3.0])
 
 
-CASES = [torch_size_ops, loop_over_shape, scalar_tensor_python_mix, torch_functions, tensor_methods, functional_ops, factories_from_metadata, dtype_and_device_conversions,
+CASES = [torch_size_ops, loop_over_shape, scalar_tensor_python_mix, torch_functions, tensor_methods, functional_ops,
+         factories_from_metadata, dtype_and_device_conversions,
          shape_arithmetic, subscripts_and_slices, chunk_split_unbind, reductions_returning_tuples,
          inplace_on_intermediate, view_of_intermediate_then_inplace, tensor_setitem_with_mask,
          tensor_creation_from_python, requires_grad_ops, complex_indexing_assignment, tensor_attributes,
