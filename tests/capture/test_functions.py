@@ -228,3 +228,11 @@ def test_compiled_function_calls_another_compiled_function():
     x = torch.randn(4)
     torch.testing.assert_close(compiled(x), (x.sin() + 1) * 2)
     assert counter.frame_count == 1
+
+
+def deep_recursion(x, n):
+    return x if n == 0 else deep_recursion(x + 1, n - 1)
+
+
+def test_deep_recursion_inlined():
+    check_graphs(deep_recursion, torch.zeros(2), 30, graphs=1)

@@ -423,3 +423,23 @@ def test_compiled_function_inside_disabled_function_runs_eagerly():
     x = torch.randn(3)
     torch.testing.assert_close(outer(x), (x + 1) * 2)
     assert counter.frame_count == 0
+
+
+def test_break_inside_list_comprehension(capsys):
+    def f(x):
+        return [print(i) or x * i for i in range(3)]
+    check_graphs(f, torch.randn(2))
+    assert capsys.readouterr().out == "0\n1\n2\n" * 2
+
+
+def test_break_inside_deep_call_chain(capsys):
+    def level3(t):
+        print("deep")
+        return t * 3
+
+    def level2(t):
+        return level3(t + 2) - 2
+
+    def level1(t):
+        return level2(t * 1.5).sin()
+    check_graphs(level1, torch.randn(4))
