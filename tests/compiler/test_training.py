@@ -421,3 +421,24 @@ def test_symbolic_batch_size():
         expected = torch.autograd.grad(f(x, w, b), (w, b))
         torch.testing.assert_close((gw, gb), expected)
     assert len(compiled.variants) == 1
+
+
+def test_backward_is_compiled_at_its_first_call_and_kept(monkeypatch):
+    import kiln.compiler.training as training
+    compiled_graphs = []
+    real_compile = training._compile_graph
+
+    def counting_compile(gm, *args):
+        compiled_graphs.append(gm)
+        return real_compile(gm, *args)
+    monkeypatch.setattr(training, "_compile_graph", counting_compile)
+    args = mlp_args()
+    compiled = compile_for_training(torch.fx.symbolic_trace(mlp), fresh(args), "eager")
+    assert len(compiled_graphs) == 1            # the forward only
+    out = compiled(*fresh(args))
+    assert len(compiled_graphs) == 1
+    out.sum().backward()
+    assert len(compiled_graphs) == 2            # the backward, at its first call
+    for _ in range(2):
+        compiled(*fresh(args)).sum().backward()
+    assert len(compiled_graphs) == 2
