@@ -29,7 +29,6 @@ def measure(workload_name, compiler_name, threads, timeout_s):
     """Cold then warm first-call time of one compiler on one workload, in two fresh processes."""
     with tempfile.TemporaryDirectory(prefix="kiln-bench-cache-") as root:
         env = {**os.environ, **cache_environment(root), **thread_environment(threads)}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         result = ColdWarm()
         try:
             result.cold_s = _child(workload_name, compiler_name, threads, env, timeout_s)

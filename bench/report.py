@@ -88,6 +88,8 @@ def _speed(results, names):
 
 
 def _compile(results, names):
+    if not names:
+        return ""
     head = ["workload"]
     for n in names:
         head += [f"{_label(n)} first call", f"{_label(n)} cold", f"{_label(n)} warm"]

@@ -1,7 +1,8 @@
 """The workloads: each is a model (function or nn.Module) plus the call that runs it once.
 
-Every builder is seeded and returns a fresh `Case`, so a workload is the same in the main process and in
+Every builder is seeded and returns a fresh `Case`, so a workload is the same in the worker process and in
 the cold/warm compile subprocesses. Sizes are chosen so that one eager call takes 1-50 ms on a small CPU.
+To add a workload: write its builder (`@_seeded`, returning a Case) and list it in WORKLOADS.
 """
 import functools
 import importlib.util
