@@ -22,6 +22,7 @@ from bench.results import WorkloadResult, result_from_dict
 from bench.worker import Job
 
 WORKER = [sys.executable, "-m", "bench.worker"]  # + the message file descriptor
+SILENCE_SLACK_S = 120  # on top of the longest stage a healthy worker can be silent for
 
 
 def run_suite(workloads, compilers, settings, *, threads, cold_warm, compile_timeout_s, cold_warm_until_s):
@@ -31,7 +32,7 @@ def run_suite(workloads, compilers, settings, *, threads, cold_warm, compile_tim
               settings=asdict(settings), threads=threads, cold_warm=cold_warm,
               compile_timeout_s=compile_timeout_s, cold_warm_until=time.time() + cold_warm_until_s)
     # the longest a healthy worker stays silent: a cold and a warm compile subprocess, or one first call
-    silence_limit_s = max(2 * compile_timeout_s, settings.first_call_limit_s) + 120
+    silence_limit_s = max(2 * compile_timeout_s, settings.first_call_limit_s) + SILENCE_SLACK_S
     by_name, results = {w.name: w for w in workloads}, {}
     with tqdm(total=len(workloads), unit="workload", file=sys.stderr, dynamic_ncols=True) as bar:
         while len(results) < len(workloads):
@@ -46,39 +47,44 @@ def run_suite(workloads, compilers, settings, *, threads, cold_warm, compile_tim
 def _supervise(job, by_name, silence_limit_s, bar, results):
     """Run one worker until it finishes or fails; a failure is charged to the workload it was on."""
     read_fd, write_fd = os.pipe()
-    worker = subprocess.Popen([*WORKER, str(write_fd)], stdin=subprocess.PIPE,
-                              stdout=2, cwd=REPO, pass_fds=(write_fd,), text=True)  # its prints: to our stderr
+    # its own session, so that stopping it also stops the compile subprocesses it started
+    worker = subprocess.Popen([*WORKER, str(write_fd)], stdin=subprocess.PIPE, stdout=2, cwd=REPO,
+                              pass_fds=(write_fd,), text=True, start_new_session=True)
     os.close(write_fd)
-    worker.stdin.write(job.to_json())
-    worker.stdin.close()
-    messages = _lines(read_fd)
-    current, stage = job.workloads[0], "starting"
+    try:
+        worker.stdin.write(job.to_json())
+        worker.stdin.close()
+        current, failure = _follow(worker, _lines(read_fd), job.workloads[0], silence_limit_s, bar, results)
+    finally:
+        if worker.poll() is None:  # silent too long, or we were interrupted (Ctrl-C)
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+    if failure:
+        results[current] = _failed(by_name[current], failure)
+        bar.update()
+
+
+def _follow(worker, messages, current, silence_limit_s, bar, results):
+    """Read the worker's messages into `results` and the bar; return (workload it was on, why it failed or
+    None)."""
+    stage = "starting"
     while True:
         try:
             message = messages.get(timeout=silence_limit_s)
         except queue.Empty:
-            worker.kill()
-            worker.wait()
-            failure = f"no progress for {silence_limit_s:.0f} s during {stage}: the worker was stopped"
-            break
+            return current, f"no progress for {silence_limit_s:.0f} s during {stage}: the worker was stopped"
         if message is None:  # the worker closed its end: finished or died
             code = worker.wait()
-            if code == 0:
-                return
-            failure = f"the worker process died ({_exit_reason(code)}) during {stage}"
-            break
-        event = message["event"]
-        if event == "start":
+            return current, None if code == 0 else f"the worker process died ({_exit_reason(code)}) during {stage}"
+        if message["event"] == "start":
             current, stage = message["workload"], "building"
             bar.set_description(current)
-        elif event == "note":
+        elif message["event"] == "note":
             stage = message["text"]
             bar.set_postfix_str(stage, refresh=True)
-        elif event == "result":
+        elif message["event"] == "result":
             results[current] = result_from_dict(message["result"])
             bar.update()
-    results[current] = _failed(by_name[current], failure)
-    bar.update()
 
 
 def _lines(fd):

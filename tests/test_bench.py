@@ -85,6 +85,18 @@ def test_a_crashing_worker_costs_one_row_not_the_run(monkeypatch):
     assert all("SIGABRT" in r.error for r in rows)
 
 
+def test_a_silent_worker_is_stopped_and_its_workload_is_an_error_row(monkeypatch):
+    import sys
+
+    from bench import suite
+    monkeypatch.setattr(suite, "WORKER", [sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(suite, "SILENCE_SLACK_S", 0)
+    quick = Settings(first_call_limit_s=0.5)
+    (row,) = suite.run_suite([BY_NAME["softmax"]], [], quick, threads=1, cold_warm=False,
+                             compile_timeout_s=0.1, cold_warm_until_s=0)
+    assert "no progress" in row.error
+
+
 def test_training_step_measures_saved_tensors():
     result = run_workload(BY_NAME["mlp_train"], [], TINY)
     assert result.measurements["eager"].saved_mb > 0
