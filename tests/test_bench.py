@@ -2,10 +2,11 @@
 No timing is asserted (timings live in bench/RESULTS.md, never in tests)."""
 import json
 import math
+import sys
 
 import torch
 
-from bench import report
+from bench import report, suite
 from bench.__main__ import RESULTS_MD, main, parse_args
 from bench.compilers import Compiler
 from bench.harness import Settings, max_abs_diff, run_workload
@@ -75,9 +76,6 @@ def test_a_missing_module_is_a_skipped_row():
 
 
 def test_a_crashing_worker_costs_one_row_not_the_run(monkeypatch):
-    import sys
-
-    from bench import suite
     monkeypatch.setattr(suite, "WORKER", [sys.executable, "-c", "import os; os.abort()"])
     rows = suite.run_suite([BY_NAME["softmax"], BY_NAME["mlp"]], [], TINY, threads=1, cold_warm=False,
                            compile_timeout_s=10, cold_warm_until_s=0)
@@ -86,9 +84,6 @@ def test_a_crashing_worker_costs_one_row_not_the_run(monkeypatch):
 
 
 def test_a_silent_worker_is_stopped_and_its_workload_is_an_error_row(monkeypatch):
-    import sys
-
-    from bench import suite
     monkeypatch.setattr(suite, "WORKER", [sys.executable, "-c", "import time; time.sleep(60)"])
     monkeypatch.setattr(suite, "SILENCE_SLACK_S", 0)
     quick = Settings(first_call_limit_s=0.5)
