@@ -254,7 +254,7 @@ def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
         with torch.no_grad():
             functional = make_fx(torch.func.functionalize(with_autograd, remove="mutations"),
                                  decomposition_table=decompositions)(*_detached(fakes), *tangents)
-    _drop_input_write_backs(functional)
+    _drop_input_write_backs(functional, sig.mutated)
     if enabled("aot"):
         log("aot", "joint graph:\n%s", functional.code)
     return functional
@@ -288,11 +288,14 @@ def _joint_function(flat_graph, sig):
     return joint
 
 
-def _drop_input_write_backs(gm):
+def _drop_input_write_backs(gm, mutated):
     """Functionalization ends with `copy_(input, new value)` for each written input; the new
     values are already results of the joint graph, and the runtime writes them back."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in list(gm.graph.nodes):
-        if n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder" and not n.users:
+        if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders:
+            # the analysis must have seen this write, or the runtime would not replay it
+            assert placeholders.index(n.args[0]) in mutated and not n.users, n.format_node()
             gm.graph.erase_node(n)
     gm.recompile()
 
