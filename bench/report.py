@@ -84,7 +84,19 @@ def _speed(results, names):
         row += [_check(r.measurements.get(n)) for n in names]
         row.append(_noise(r))
         rows.append(row)
-    return _table(head, rows)
+    return "\n\n".join(t for t in (_table(head, rows), _geomean(results, names)) if t)
+
+
+def _geomean(results, names):
+    """One line: each compiler's geometric-mean speedup over the rows where every compiler ran."""
+    rows = [r for r in _ran(results, ("inference", "training", "dynamic"))
+            if all(r.speedup(n) for n in names)]
+    if not rows or not names:
+        return ""
+    means = [f"{_label(n)} {math.exp(sum(math.log(r.speedup(n)) for r in rows) / len(rows)):.2f}x"
+             for n in names]
+    return f"Geometric-mean speedup over eager, on the {len(rows)} rows where every compiler ran: " + \
+        ", ".join(means) + "."
 
 
 def _compile(results, names):
