@@ -130,3 +130,28 @@ def test_dropout_with_fallback_random_equals_eager_under_one_seed(backend):
         out.square().sum().backward()
         results.append((out, *(p.grad for p in m.parameters())))
     torch.testing.assert_close(results[0], results[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_train_then_evaluate_under_no_grad_then_train(backend):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend=backend)
+    x = torch.randn(6, 8)
+    for phase in ("train", "eval", "train"):
+        model.train(phase == "train")
+        reference.train(phase == "train")
+        if phase == "eval":
+            with torch.no_grad():
+                out, expected = compiled(x), reference(x)
+            assert not out.requires_grad
+        else:
+            out, expected = compiled(x), reference(x)
+            out.sum().backward()
+            expected.sum().backward()
+        torch.testing.assert_close(out, expected)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        for b, c in zip(model.buffers(), reference.buffers()):
+            torch.testing.assert_close(b, c)
