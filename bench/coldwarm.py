@@ -5,7 +5,8 @@ TRITON_CACHE_DIR all point into a new temporary folder); warm: a second fresh pr
 cold one left. Each process builds the workload, runs it eagerly once (so torch's own lazy start-up is not
 charged to the compiler), then times the first compiled call.
 
-`python -m bench.coldwarm WORKLOAD COMPILER` is the child: it prints one JSON line {"first_call_s": ...}.
+`python -m bench.coldwarm WORKLOAD COMPILER THREADS` is the child: it prints a line
+`bench-result {"first_call_s": ...}` (marked, since kiln or torch may print to stdout too).
 """
 import json
 import os
@@ -16,6 +17,9 @@ import time
 from dataclasses import dataclass
 
 from bench.machine import REPO, cache_environment, thread_environment
+
+
+_MARK = "bench-result "
 
 
 @dataclass
@@ -51,7 +55,10 @@ def _child(workload_name, compiler_name, threads, env, timeout_s):
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
         raise ChildFailed(f"compile subprocess failed: {lines[-1][:200]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["first_call_s"]
+    found = [line for line in done.stdout.splitlines() if line.startswith(_MARK)]
+    if not found:
+        raise ChildFailed("compile subprocess printed no result")
+    return json.loads(found[-1][len(_MARK):])["first_call_s"]
 
 
 def _child_main(workload_name, compiler_name, threads):
@@ -70,7 +77,7 @@ def _child_main(workload_name, compiler_name, threads):
         begin = time.perf_counter()
         case.run(compiled)
         first_call_s = time.perf_counter() - begin
-    print(json.dumps({"first_call_s": first_call_s}))
+    print(_MARK + json.dumps({"first_call_s": first_call_s}), flush=True)
 
 
 if __name__ == "__main__":
