@@ -35,6 +35,9 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
     from kiln.compiler.schedule import build_program, workspace_plan
 
     options = options if options is not None else compiler_options()
+    if _has_symbolic_scalars(aten_gm):
+        log("perf_hints", "graph computes sizes from tensor data (.item(), nonzero, ...): runs through aten")
+        return _inspectable(lambda *args: tuple(aten_gm(*args)), [], "", "", ["<whole graph>"])
     graph = GraphLowering(aten_gm, example_inputs, options).run()
     program = build_program(graph)
     offsets, ws_size = workspace_plan(program)
@@ -46,8 +49,24 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         folder = debug.write_trace(options, aten_gm=aten_gm, graph=graph, program=program, cpp_source=source,
                                    wrapper_source=wrapper_source, fx_gm=fx_gm)
         log("output_code", "debug trace written to %s", folder)
-    fn.kiln_kernels = debug.kernel_infos(program)
+    return _inspectable(fn, debug.kernel_infos(program), source, wrapper_source, list(graph.fallbacks))
+
+
+def _inspectable(fn, kernels, source, wrapper_source, fallbacks):
+    fn.kiln_kernels = kernels
     fn.kiln_source = source
     fn.kiln_wrapper = wrapper_source
-    fn.kiln_fallbacks = list(graph.fallbacks)
+    fn.kiln_fallbacks = fallbacks
     return fn
+
+
+def _has_symbolic_scalars(gm):
+    """Whether a node yields a symbolic scalar (sizes that depend on tensor data): the loop IR
+    needs every size known when it compiles."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
+            return True
+    return False

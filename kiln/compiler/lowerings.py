@@ -494,7 +494,7 @@ def view(ctx, x, sizes, *unused):
     if index_map is not None:
         return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
     # merging dims of a computed value would need div/mod per element: compute it once instead
-    base = ctx.realize(x)
+    base = ctx.realize(x, ir.Layout(x.sizes, ir.contiguous_strides(x.sizes), x.dtype))
     return view(ctx, base, sizes)
 
 
@@ -572,6 +572,8 @@ def split_only_map(old_sizes, new_sizes):
 # ---- reductions -----------------------------------------------------------------------------
 
 def reduce_dims(x, dims):
+    if x.ndim == 0:
+        return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(x.ndim))
     if isinstance(dims, int):
@@ -853,6 +855,8 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
 @register(aten.index_select.default)
 def index_select(ctx, x, dim, index):
     check_real(x)
+    if x.ndim == 0:
+        raise Fallback("index_select on a 0-d tensor")
     dim = norm_dim(dim, x.ndim)
 
     def fn(idx):

@@ -64,10 +64,25 @@ def trace(buf: ir.ComputedBuffer) -> LoopNode:
     store = buf.layout.index(outer)
     sizes = [s for s in data.ranges if s != 1]
     rsizes = [s for s in data.reduction_ranges if s != 1] if reduction else []
-    body, store, sizes, rsizes = _merge_dims(body, store, sizes, rsizes)
+    if 0 in sizes or 0 in rsizes:
+        body, store, sizes, rsizes = _empty_loops(body, store, sizes, rsizes)
+    else:
+        body, store, sizes, rsizes = _merge_dims(body, store, sizes, rsizes)
     reads = {e.args[0] for e in body.loads()}
     return LoopNode(buf.name, buf.layout, sizes, rsizes, data.reduction_type if reduction else None,
                     body, store, reads)
+
+
+def _empty_loops(body, store, sizes, rsizes):
+    """A loop with no iterations is one loop of size 0 (a reduction over nothing still writes
+    its initial value)."""
+    zero = {loop_var(p, k): sympy.Integer(0) for p, dims in (("x", sizes), ("r", rsizes)) for k in range(len(dims))}
+    sizes = [sympy.Integer(0)] if 0 in sizes else sizes
+    rsizes = [sympy.Integer(0)] if 0 in rsizes else rsizes
+    if sizes == [0]:
+        return substitute(body, zero), sympy.Integer(0), sizes, rsizes
+    rzero = {v: e for v, e in zero.items() if v.name.startswith("r")}
+    return substitute(body, rzero), store, sizes, rsizes
 
 
 def _vars_for(ranges, prefix):
