@@ -7,6 +7,7 @@ backend and wrapped in generated glue; see glue.py and resume.py.
 """
 import dis
 import inspect
+import os
 import types
 import warnings
 
@@ -22,7 +23,7 @@ from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import NullVariable
 from kiln.debug.logs import enabled, log
-from kiln.exc import BackendCompilerFailed, Unsupported
+from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
 
 _JUMPS = {"POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE",
           "POP_JUMP_BACKWARD_IF_FALSE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"}
@@ -134,7 +135,23 @@ def _in_with_block(insts, offset):
 
 
 def compile_frame(F, L, code, backend, fullgraph):
-    """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed."""
+    """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed.
+
+    A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly
+    (set KILN_DEBUG=1 to see it raised instead).
+    """
+    try:
+        return _compile_frame(F, L, code, backend, fullgraph)
+    except (EagerFrame, KilnError):
+        raise
+    except Exception as e:
+        if os.environ.get("KILN_DEBUG"):
+            raise
+        raise EagerFrame(f"kiln internal error while capturing {code.co_qualname}: "
+                         f"{type(e).__name__}: {e}") from e
+
+
+def _compile_frame(F, L, code, backend, fullgraph):
     cap = Capture(F, L, code, fullgraph, backend)
     result = cap.run()
     og = cap.og

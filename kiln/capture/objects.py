@@ -870,19 +870,17 @@ def call_module(frame, mod_var, args, kwargs):
             raise Unsupported("global module hooks")
     if mod._backward_hooks or mod._backward_pre_hooks:
         raise Unsupported("module backward hooks")
-    og.guards.add(mod_var.source, f"not (v._backward_hooks or v._backward_pre_hooks)",
-                  f"{mod_var.source!r} has no backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks
-    for d, name in ((pre, "_forward_pre_hooks"), (post, "_forward_hooks")):
-        if not d:
-            og.guards.add(mod_var.source, f"not v.{name}", f"{mod_var.source!r}.{name} is empty")
-        else:
-            vals = og.guards.const(tuple(d.items()), "HOOKS")
+    if not (pre or post):  # the common case: one guard
+        og.guards.add(mod_var.source, "not (v._forward_hooks or v._forward_pre_hooks or v._backward_hooks or "
+                                      "v._backward_pre_hooks)", f"{mod_var.source!r} has no hooks")
+    else:
+        og.guards.add(mod_var.source, "not (v._backward_hooks or v._backward_pre_hooks)",
+                      f"{mod_var.source!r} has no backward hooks")
+        for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
+                     "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
+            vals = og.guards.const(tuple(getattr(mod, name).items()), "HOOKS")
             og.guards.add(mod_var.source, f"tuple(v.{name}.items()) == {vals}", f"{mod_var.source!r}.{name} unchanged")
-    if pre or post:
-        for d in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
-            vals = og.guards.const(tuple(getattr(mod, d)), "HK")
-            og.guards.add(mod_var.source, f"tuple(v.{d}) == {vals}", f"{mod_var.source!r}.{d} unchanged")
     args = list(args)
     for hook_id, hook in pre.items():
         hook_var = og.wrap(hook, None, guard=False)
@@ -1302,6 +1300,7 @@ BUILTIN_HANDLERS = {
     pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
     complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,
+    collections.defaultdict: _b_defaultdict,
     tuple.__new__: lambda frame, args, kwargs: TupleVariable(unpack_iterable(frame, args[1]),
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),

@@ -1,0 +1,55 @@
+"""Resume functions and liveness: a resume code object continues the original at an offset."""
+import dis
+import types
+
+from kiln.capture.interpreter import instructions
+from kiln.capture.resume import live_locals, resume_code
+
+
+def sample(a, b):
+    c = a + b
+    d = c * 2
+    if d > 10:
+        d = d - 1
+    return d + a
+
+
+def offset_of(fn, opname, argval=None, nth=0):
+    hits = [i for i in dis.get_instructions(fn) if i.opname == opname and (argval is None or i.argval == argval)]
+    return hits[nth].offset
+
+
+def test_live_locals_at_a_point():
+    off = offset_of(sample, "STORE_FAST", "d")
+    assert live_locals(sample.__code__, off) == {"a"}  # d is written there; b and c are dead
+    first = instructions(sample.__code__)[0][1].offset
+    assert live_locals(sample.__code__, first) == {"a", "b"}
+
+
+def test_resume_code_continues_with_stack_and_locals():
+    # resume right at `STORE_FAST d`: the stack holds c * 2, the live local is a
+    off = offset_of(sample, "STORE_FAST", "d")
+    code = resume_code(sample.__code__, off, [False], ["a"])
+    fn = types.FunctionType(code, sample.__globals__)
+    assert fn(14, 1) == sample(1, 6)  # c*2 = 14 -> d = 13 -> 13 + 1
+    assert fn(4, 1) == 5
+    assert resume_code(sample.__code__, off, [False], ["a"]) is code  # cached
+
+
+def with_closure(x):
+    k = x * 2
+
+    def inner():
+        return k + 1
+    k = k + 1
+    return inner()
+
+
+def test_resume_code_receives_cells_as_free_variables():
+    off = offset_of(with_closure, "PUSH_NULL")
+    code = resume_code(with_closure.__code__, off, [], ["inner"])
+    assert code.co_freevars == ("k",) and not code.co_cellvars
+    cell = types.CellType(7)
+    inner = types.FunctionType(with_closure.__code__.co_consts[1], {}, "inner", None, (cell,))
+    fn = types.FunctionType(code, with_closure.__globals__, "r", None, (cell,))
+    assert fn(inner) == 8
