@@ -50,6 +50,7 @@ def test_resume_code_receives_cells_as_free_variables():
     code = resume_code(with_closure.__code__, off, [], ["inner"])
     assert code.co_freevars == ("k",) and not code.co_cellvars
     cell = types.CellType(7)
-    inner = types.FunctionType(with_closure.__code__.co_consts[1], {}, "inner", None, (cell,))
+    inner_code = next(c for c in with_closure.__code__.co_consts if isinstance(c, types.CodeType))
+    inner = types.FunctionType(inner_code, {}, "inner", None, (cell,))
     fn = types.FunctionType(code, with_closure.__globals__, "r", None, (cell,))
     assert fn(inner) == 8
