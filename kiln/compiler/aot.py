@@ -15,8 +15,8 @@ written back like an input; in the aten graph they are `get_attr` nodes on the s
 Aliasing: eager returns some outputs as views of inputs (`x.t()`, `x.add_(1)` returns `x`). The
 functional graph computes their values; the runner then rebuilds each such output from its input
 (the input itself, or `as_strided` with eager's size/stride/offset) so it shares storage as in
-eager. Outputs that alias each other (two views of one intermediate) come back as separate
-tensors: equal values, no shared storage.
+eager. Outputs that alias each other (two views of one intermediate), and views that change the
+dtype (`view_as_complex`), come back as separate tensors: equal values, no shared storage.
 """
 import dataclasses
 import operator
@@ -70,9 +70,11 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
     example_inputs = list(example_inputs)
     state_names, state = _module_tensors(gm)
     run, out_specs = _flat_function(gm, len(example_inputs), state_names)
-    traced = make_fx(torch.func.functionalize(run, remove="mutations"),
-                     decomposition_table=decompositions,
-                     tracing_mode=_tracing_mode(example_inputs))(*example_inputs, *state)
+    traced = _functional_trace(run, decompositions, example_inputs, state)
+    if _mutates_intermediates(traced.graph):
+        # Decompositions run below functionalization, so one that uses in-place ops (isclose,
+        # rms_norm, diff, ...) leaves them in the graph; a second functional pass removes them.
+        traced = _functional_trace(traced, decompositions, example_inputs, state)
 
     graph = traced.graph
     placeholders = graph.find_nodes(op="placeholder")
@@ -99,6 +101,18 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
                  len(mutated_state), [(a.output_index, a.input_index) for a in aliases],
                  traced.print_readable(print_output=False))
     return aten
+
+
+def _functional_trace(fn, decompositions, example_inputs, state):
+    return make_fx(torch.func.functionalize(fn, remove="mutations"), decomposition_table=decompositions,
+                   tracing_mode=_tracing_mode(example_inputs))(*example_inputs, *state)
+
+
+def _mutates_intermediates(graph):
+    """Whether a mutating op other than the final write-back of an input is in the graph."""
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+               and not (n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder")
+               for n in graph.nodes)
 
 
 def _module_tensors(gm):
@@ -195,6 +209,8 @@ def _output_aliases(user_outputs, input_nodes, writes):
             aliases.append(OutputAlias(k, owner[node], None))
             continue
         val = _val(out)
+        if val.dtype != _val(node).dtype:  # view_as_complex, x.view(dtype): values only
+            continue
         layout = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
         if not any(free_symbols(s) for s in (*layout[0], *layout[1], layout[2])):
             aliases.append(OutputAlias(k, owner[node], layout))
@@ -265,8 +281,10 @@ def make_runner(aten: AtenGraph, flat_fn):
             user[k] = args[i] if view is None else args[i].as_strided(*view)
         return pytree.tree_unflatten(user, spec)
 
-    # The compiler's inspection attributes (kiln_kernels, ...) stay visible on the wrapper.
+    # The compiler's inspection attributes (kiln_kernels, ...) stay visible on the wrapper,
+    # next to the aten graph they were compiled from.
     for name in dir(flat_fn):
         if name.startswith("kiln_"):
             setattr(run, name, getattr(flat_fn, name))
+    run.kiln_aten = aten
     return run

@@ -4,7 +4,9 @@ Start from torch's core-ATen table (composite ops broken into ~200 core ops), th
 - keep heavy ops whole, so the wrapper calls aten's tuned kernels for them (BLAS, oneDNN, flash
   attention): decomposing a matrix-vector product into mul+sum loses to BLAS;
 - add decompositions of core ops whose parts fuse better than a whole-op extern call (softmax,
-  layer/group/batch norm, gelu, dropout, ...): two reductions and pointwise epilogues;
+  layer/group/batch norm, gelu, dropout, ...): two reductions and pointwise epilogues. Not
+  `mean`: torch's decomposition of it is written in prims (prims.sum, prims.div), which lowering
+  does not know;
 - with `fallback_random`, keep every random op whole, so aten draws the same numbers as eager.
 """
 import functools
@@ -31,7 +33,7 @@ FUSIBLE_EXTRAS = (
     aten._native_batch_norm_legit_no_training.default, aten._batch_norm_with_update.default,
     aten._batch_norm_with_update_functional.default, aten._batch_norm_no_update.default,
     aten.gelu.default, aten._addmm_activation.default, aten.addmv.default,
-    aten.linalg_vector_norm.default, aten.mean.default, aten.mean.dim,
+    aten.linalg_vector_norm.default,
     aten.embedding.default, aten.native_dropout.default, aten.dropout.default,
 )
 

@@ -1,0 +1,355 @@
+"""Op coverage: every op in torch's OpInfo database, compiled by kiln's compiler, against eager.
+
+For each op and dtype (CPU; float32 and int64), the first few sample inputs that run in eager
+become calls in an fx graph (non-tensor arguments baked in), compiled with
+`kiln.compiler.compile_fx`; to fit the time budget, BATCH op/dtype cases share one graph (see
+`Sweep`). Each op must either be lowered to kiln kernels or fall back to aten,
+and match eager: outputs and the inputs' state after the call. Values are not compared where they
+cannot be: random ops and non-deterministic outputs (e.g. `empty_like`) are checked for structure,
+shape and dtype only. Known failures live in `opinfo_known_failures.py` (strict xfail).
+
+At the end the sweep prints "opinfo sweep: lowered N / fallback M / failing K"; set
+KILN_OPINFO_REPORT=path.json to also write the per-op outcome. KILN_OPINFO_INNER=eager runs the
+aot step alone (aten graphs executed by torch), to tell aot bugs from lowering bugs.
+"""
+import dataclasses
+import json
+import os
+import traceback
+
+import pytest
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.testing._internal.common_methods_invocations import op_db
+
+from kiln.compiler import compile_fx
+from tests.compiler.opinfo_known_failures import KNOWN_FAILURES
+
+INNER = os.environ.get("KILN_OPINFO_INNER", "cpp")
+DTYPES = (torch.float32, torch.int64)
+SAMPLES_PER_OP = 2
+BATCH = 16  # cases per compiled graph: one C++ build for many ops keeps the sweep in budget
+# OpInfo compares with assert_close's defaults for the dtype (float32: rtol 1.3e-6, atol 1e-5).
+TOLERANCE = {}
+
+
+def op_key(op):
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def known_failure(op, dtype):
+    key = op_key(op)
+    return KNOWN_FAILURES.get(f"{key}[{dtype_name(dtype)}]") or KNOWN_FAILURES.get(key)
+
+
+def cases():
+    for op in op_db:
+        supported = op.supported_dtypes("cpu")
+        for dtype in DTYPES:
+            if dtype in supported:
+                reason = known_failure(op, dtype)
+                marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+                yield pytest.param(op, dtype, id=f"{op_key(op)}[{dtype_name(dtype)}]", marks=marks)
+
+
+# ---- one sample as a graph call ----------------------------------------------------------------
+
+@dataclasses.dataclass
+class SampleCall:
+    """One sample of one op: its distinct tensors become graph inputs; `fn(*tensors)` rebuilds
+    the full call (non-tensor arguments baked in) and runs the op."""
+    tensors: list
+    fn: object
+
+
+def sample_call(op, sample):
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    tensors, slots, seen = [], [], {}
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if id(leaf) not in seen:  # a tensor passed twice stays one input (aliasing as eager)
+                seen[id(leaf)] = len(tensors)
+                tensors.append(leaf)
+            slots.append(seen[id(leaf)])
+        else:
+            slots.append(None)
+
+    def call_op(*ts):
+        filled = [leaf if slot is None else ts[slot] for leaf, slot in zip(leaves, slots)]
+        inp, args, kwargs = pytree.tree_unflatten(filled, spec)
+        return op.op(inp, *args, **kwargs)
+
+    call_op.__name__ = "call_" + "".join(c if c.isalnum() else "_" for c in op_key(op))
+    return SampleCall(tensors, call_op)
+
+
+def build_graph(calls):
+    """One GraphModule calling every sample; its inputs are all samples' tensors, in order."""
+    graph = torch.fx.Graph()
+    outputs = []
+    for k, call in enumerate(calls):
+        inputs = [graph.placeholder(f"s{k}_t{i}") for i in range(len(call.tensors))]
+        outputs.append(graph.call_function(call.fn, tuple(inputs)))
+    graph.output(tuple(outputs))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+# ---- eager reference ---------------------------------------------------------------------------
+
+def fresh(tensors):
+    return [t.detach().clone() for t in tensors]
+
+
+def run_seeded(fn, tensors, seed=0):
+    """(output, inputs after the call) of fn on copies of `tensors`, under torch.manual_seed(seed)."""
+    args = fresh(tensors)
+    torch.manual_seed(seed)
+    return fn(*args), args
+
+
+def identical(a, b):
+    try:
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        return True
+    except (AssertionError, TypeError, ValueError):
+        return False
+
+
+@dataclasses.dataclass
+class Reference:
+    """What eager gives for one sample, and whether its values can be compared."""
+    call: SampleCall
+    state: tuple          # (output, inputs after the call)
+    values_comparable: bool
+
+
+UNINITIALIZED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+
+
+class ValueSourceRecorder(TorchDispatchMode):
+    """Notes whether eager ran an op whose values kiln cannot be expected to reproduce: a random
+    op (kiln draws its own numbers, even where the OpInfo wrapper reseeds torch), or one that
+    returns uninitialized memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.unreproducible = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if (torch.Tag.nondeterministic_seeded in func.tags
+                or func.overloadpacket.__name__ in UNINITIALIZED):
+            self.unreproducible = True
+        return func(*args, **(kwargs or {}))
+
+
+def eager_reference(call):
+    """None when eager raises on this sample."""
+    recorder = ValueSourceRecorder()
+    try:
+        with recorder:
+            first = run_seeded(call.fn, call.tensors)
+        again = run_seeded(call.fn, call.tensors)
+    except Exception:
+        return None
+    comparable = not recorder.unreproducible and identical(first, again)
+    return Reference(call, first, comparable)
+
+
+# ---- comparison --------------------------------------------------------------------------------
+
+def mismatch(actual, expected, values_comparable, tolerance):
+    """None when `actual` matches eager's `expected`, else what differs."""
+    try:
+        if values_comparable:
+            torch.testing.assert_close(actual, expected, equal_nan=True, **tolerance)
+            return None
+        actual_leaves, actual_spec = pytree.tree_flatten(actual)
+        expected_leaves, expected_spec = pytree.tree_flatten(expected)
+        assert actual_spec == expected_spec, (actual_spec, expected_spec)
+        for a, e in zip(actual_leaves, expected_leaves):
+            if isinstance(e, torch.Tensor):
+                assert isinstance(a, torch.Tensor) and (a.shape, a.dtype) == (e.shape, e.dtype), (a, e)
+    except AssertionError as e:
+        return f"wrong answer{'' if values_comparable else ' (structure/shape/dtype)'}: {e}"
+    return None
+
+
+# ---- the sweep: cases compiled in batches ------------------------------------------------------
+
+@dataclasses.dataclass
+class Case:
+    """One op at one dtype, and (once prepared) the eager references of its samples."""
+    id: str
+    op: object
+    dtype: torch.dtype
+    samples: list = dataclasses.field(default_factory=list)
+
+    def prepare(self):
+        for sample in self.op.sample_inputs("cpu", self.dtype, requires_grad=False):
+            reference = eager_reference(sample_call(self.op, sample))
+            if reference is not None:
+                self.samples.append(reference)
+            if len(self.samples) == SAMPLES_PER_OP:
+                break
+
+    @property
+    def tensors(self):
+        return [t for r in self.samples for t in r.call.tensors]
+
+
+@dataclasses.dataclass
+class Verdict:
+    outcome: str     # "lowered" | "fallback" | "unknown" (no inspection API) | "failing" | "skipped"
+    detail: str = ""
+
+
+class Sweep:
+    """Compiles the selected cases BATCH at a time, in one graph per batch: one C++ build serves
+    many ops. A batch that fails to compile or run is bisected down to the failing cases; a case
+    whose answer is wrong is compiled alone too, to tell a lowering bug from an interaction
+    between ops in one graph."""
+
+    def __init__(self, cases):
+        self.cases = cases
+        self.verdicts = {}
+
+    def verdict(self, case_id):
+        if case_id not in self.verdicts:
+            position = next(i for i, c in enumerate(self.cases) if c.id == case_id)
+            start = position - position % BATCH
+            self.run_batch(self.cases[start:start + BATCH])
+        return self.verdicts[case_id]
+
+    def run_batch(self, cases):
+        runnable = []
+        for case in cases:
+            case.prepare()
+            if case.samples:
+                runnable.append(case)
+            else:
+                self.verdicts[case.id] = Verdict("skipped", "eager raises on every sample")
+        if runnable:
+            self.verdicts.update(check_together(runnable))
+
+
+def check_together(cases):
+    """{case id: Verdict} for `cases` compiled into one graph."""
+    try:
+        compiled, outputs, args = compile_and_run(cases)
+    except Exception:
+        if len(cases) == 1:
+            return {cases[0].id: Verdict("failing", traceback.format_exc())}
+        half = len(cases) // 2
+        return {**check_together(cases[:half]), **check_together(cases[half:])}
+    verdicts = {}
+    fallback_cases = cases_with_fallbacks(compiled, cases)
+    for case, case_outputs, case_args in split_by_case(cases, outputs, args):
+        problem = None
+        for reference, output, after in zip(case.samples, case_outputs, case_args):
+            problem = problem or mismatch((output, after), reference.state, reference.values_comparable,
+                                          TOLERANCE.get(case.dtype, {}))
+        if problem and len(cases) > 1:
+            alone = check_together([case])[case.id]
+            if alone.outcome != "failing":
+                others = ", ".join(c.id for c in cases if c is not case)
+                problem += f"\n(right when compiled alone: wrong only in one graph with {others})"
+            else:
+                problem = alone.detail
+        if problem:
+            verdicts[case.id] = Verdict("failing", problem)
+        elif fallback_cases is None:
+            verdicts[case.id] = Verdict("unknown")
+        else:
+            verdicts[case.id] = Verdict("fallback" if case.id in fallback_cases else "lowered")
+    return verdicts
+
+
+def compile_and_run(cases):
+    gm = build_graph([r.call for case in cases for r in case.samples])
+    inputs = [t for case in cases for t in case.tensors]
+    compiled = compile_fx(gm, fresh(inputs), inner=INNER)
+    args = fresh(inputs)
+    torch.manual_seed(0)
+    return compiled, compiled(*args), args
+
+
+def split_by_case(cases, outputs, args):
+    """(case, its samples' outputs, its samples' inputs after the call) for each case."""
+    outputs, start = iter(outputs), 0
+    for case in cases:
+        case_outputs, case_args = [], []
+        for reference in case.samples:
+            case_outputs.append(next(outputs))
+            case_args.append(args[start:start + len(reference.call.tensors)])
+            start += len(reference.call.tensors)
+        yield case, case_outputs, case_args
+
+
+def cases_with_fallbacks(compiled, cases):
+    """Ids of the cases whose part of the aten graph holds an op that ran through aten (by op
+    name: where one batch has an op both lowered and not, both cases count as fallback); None
+    without the inspection API."""
+    fallbacks = getattr(compiled, "kiln_fallbacks", None)
+    aten = getattr(compiled, "kiln_aten", None)
+    if fallbacks is None or aten is None:
+        return None
+    fallbacks = set(fallbacks)
+    graph_outputs = aten.gm.graph.output_node().args[0]
+    owner = []  # case index of each graph output, in order
+    for k, case in enumerate(cases):
+        for reference in case.samples:
+            owner += [k] * len(pytree.tree_flatten(reference.state[0])[0])
+    input_owner = [k for k, case in enumerate(cases) for _ in case.tensors]
+    owner += [input_owner[i] for i in aten.mutated_inputs]
+    result = set()
+    for k, out in zip(owner, graph_outputs):
+        if cases[k].id not in result and isinstance(out, torch.fx.Node) and any(
+                str(n.target) in fallbacks for n in ancestors(out)):
+            result.add(cases[k].id)
+    return result
+
+
+def ancestors(node):
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def sweep(request):
+    selected = [item for item in request.session.items
+                if getattr(item, "originalname", None) == "test_op" and item.module.__name__ == __name__]
+    sweep = Sweep([Case(item.callspec.id, item.callspec.params["op"], item.callspec.params["dtype"])
+                   for item in selected])
+    yield sweep
+    outcomes = [v.outcome for v in sweep.verdicts.values()]
+    line = (f"opinfo sweep: lowered {outcomes.count('lowered')} / fallback {outcomes.count('fallback')} / "
+            f"failing {outcomes.count('failing')} (skipped {outcomes.count('skipped')}, "
+            f"of {len(outcomes)} op/dtype cases; {len(KNOWN_FAILURES)} known failures)")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\n" + line)
+    path = os.environ.get("KILN_OPINFO_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"summary": line, "cases": {k: dataclasses.asdict(v) for k, v in sweep.verdicts.items()}},
+                      f, indent=1, sort_keys=True)
+
+
+@pytest.mark.parametrize("op, dtype", list(cases()))
+def test_op(op, dtype, sweep, request):
+    verdict = sweep.verdict(request.node.callspec.id)
+    if verdict.outcome == "skipped":
+        pytest.skip(verdict.detail)
+    if verdict.outcome == "failing":
+        pytest.fail(verdict.detail, pytrace=False)
