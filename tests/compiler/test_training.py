@@ -442,3 +442,21 @@ def test_backward_is_compiled_at_its_first_call_and_kept(monkeypatch):
     for _ in range(2):
         compiled(*fresh(args)).sum().backward()
     assert len(compiled_graphs) == 2
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_inplace_through_views_of_inputs(inner):
+    def f(a, w, buf):
+        a[1:].mul_(w[1:])            # a slice of an input that requires grad (a non-leaf)
+        buf[0].add_(a.detach()[0])   # a row of a buffer
+        return (a * buf).sum()
+    leaf, w, buf = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True), torch.randn(4, 3)
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), [leaf * 1, w, buf], inner)
+    results = []
+    for fn in (f, compiled):
+        leaf_c, w_c, buf_c = fresh([leaf, w, buf])
+        a = leaf_c * 2
+        loss = fn(a, w_c, buf_c)
+        (loss + a.sum()).backward()
+        results.append((loss, a, buf_c, leaf_c.grad, w_c.grad))
+    torch.testing.assert_close(results[1], results[0])
