@@ -478,6 +478,9 @@ class KernelWriter:
             body += loop_lines
             for i in reversed(range(len(self.inner))):
                 body.append("  " * (indent + i) + "}")
+        for node in stage:
+            if not node.is_reduction:  # its register is out of scope after this loop
+                del self.locals[node.name]
         for node in reductions:
             acc, _ = accs[node.name]
             result = f"{acc}_i" if node.reduction_type in ("argmax", "argmin") else acc
