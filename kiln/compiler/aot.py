@@ -24,8 +24,9 @@ import operator
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import free_symbols
-from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_symbols
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                           FakeTensor)
 
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.debug import logs
@@ -36,8 +37,15 @@ __all__ = ["AtenGraph", "OutputAlias", "AotUnsupported", "trace_aten", "lowering
 
 
 class AotUnsupported(KilnError):
-    """A graph the aot step cannot make functional without changing its meaning (an input whose
-    shape is mutated, a mutated input that shares memory with another input)."""
+    """A graph the aot step cannot trace, or cannot make functional without changing its meaning:
+    one whose trace depends on tensor values (`.item()` feeding Python, `torch.equal`, output
+    sizes like nonzero's that force a guard), a sparse input, an input whose shape is mutated,
+    a mutated input that shares memory with another input. The caller can run such a graph
+    eagerly."""
+
+
+# What fake tensors raise when tracing needs a tensor's values.
+DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 
 
 @dataclasses.dataclass
@@ -68,9 +76,14 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
     if decompositions is None:
         decompositions = lowering_decompositions()
     example_inputs = list(example_inputs)
+    _check_strided(example_inputs)
     state_names, state = _module_tensors(gm)
     run, out_specs = _flat_function(gm, len(example_inputs), state_names)
-    traced = _functional_trace(run, decompositions, example_inputs, state)
+    try:
+        traced = _functional_trace(run, decompositions, example_inputs, state)
+    except DATA_DEPENDENT as e:
+        raise AotUnsupported(f"the graph depends on tensor values while tracing "
+                             f"({type(e).__name__}: {str(e).splitlines()[0]})") from e
     if _mutates_intermediates(traced.graph):
         # Decompositions run below functionalization, so one that uses in-place ops (isclose,
         # rms_norm, diff, ...) leaves them in the graph; a second functional pass removes them.
@@ -101,6 +114,12 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
                  len(mutated_state), [(a.output_index, a.input_index) for a in aliases],
                  traced.print_readable(print_output=False))
     return aten
+
+
+def _check_strided(example_inputs):
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.layout is not torch.strided:
+            raise AotUnsupported(f"input {i} is a {x.layout} tensor; kiln compiles strided tensors only")
 
 
 def _functional_trace(fn, decompositions, example_inputs, state):

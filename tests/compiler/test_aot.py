@@ -241,6 +241,18 @@ def test_mutating_an_input_that_shares_memory_with_another_is_refused():
         trace_aten(torch.fx.symbolic_trace(f), [base, base[:2]])
 
 
+@pytest.mark.parametrize("fn", [lambda x: torch.equal(x, x), lambda x: torch.nn.functional.one_hot(x)],
+                         ids=["equal", "one_hot_sized_by_max"])
+def test_value_dependent_graph_is_refused(fn):
+    with pytest.raises(AotUnsupported, match="depends on tensor values"):
+        trace_aten(torch.fx.symbolic_trace(fn), [torch.tensor([0, 3, 1])])
+
+
+def test_sparse_input_is_refused():
+    with pytest.raises(AotUnsupported, match="sparse_coo"):
+        trace_aten(torch.fx.symbolic_trace(lambda x: x * 2), [torch.eye(3).to_sparse()])
+
+
 def test_aten_graph_is_logged(caplog):
     from kiln.debug import logs
 

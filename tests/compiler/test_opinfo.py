@@ -243,8 +243,12 @@ def check_together(cases):
     try:
         compiled, outputs, args = compile_and_run(cases)
     except Exception:
-        if len(cases) == 1:
-            return {cases[0].id: Verdict("failing", traceback.format_exc())}
+        error = traceback.format_exc()
+    else:
+        error = None
+    if error and len(cases) == 1:
+        return {cases[0].id: Verdict("failing", error)}
+    if error:  # bisect, outside the except block so tracebacks do not chain
         half = len(cases) // 2
         return {**check_together(cases[:half]), **check_together(cases[half:])}
     verdicts = {}
