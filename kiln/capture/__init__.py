@@ -14,17 +14,18 @@ from kiln.capture import resume, runtime
 def optimize(model, backend, *, fullgraph=False, dynamic=None):
     """Return a callable that runs `model` (function or nn.Module) through capture + `backend`.
 
-    `dynamic` is accepted for API compatibility; shapes are specialized (guarded) for now.
+    `dynamic`: None specializes sizes first and makes a dimension symbolic once it changes; True
+    makes every dimension of every input symbolic; False always specializes.
     """
     if isinstance(model, types.FunctionType):
-        return runtime.optimize_function(model, backend, fullgraph)
+        return runtime.optimize_function(model, backend, fullgraph, dynamic)
     if isinstance(model, types.MethodType) and isinstance(model.__func__, types.FunctionType) and \
             not isinstance(model.__self__, torch.nn.Module):
-        compiled = runtime.optimize_function(model.__func__, backend, fullgraph)
+        compiled = runtime.optimize_function(model.__func__, backend, fullgraph, dynamic)
         owner = model.__self__
         return lambda *args, **kwargs: compiled(owner, *args, **kwargs)
     # modules (and other callables) compile a small caller frame, so hooks and __call__ are honoured
-    return runtime.optimize_function(runtime.synthetic_caller(model), backend, fullgraph)
+    return runtime.optimize_function(runtime.synthetic_caller(model), backend, fullgraph, dynamic)
 
 
 def reset():

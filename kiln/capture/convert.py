@@ -17,7 +17,7 @@ import torch.fx
 from kiln import config as config_mod
 from kiln.capture import interpreter as interp
 from kiln.capture.glue import Glue
-from kiln.capture.graph_builder import OutputGraph
+from kiln.capture.graph_builder import OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
 from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
@@ -42,11 +42,13 @@ class EagerFrame(Exception):
 
 
 class CacheEntry:
-    __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src")
+    __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
+                 "input_shapes")
 
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src):
+    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_shapes):
         self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
         self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
+        self.input_shapes = input_shapes  # (Source, size) of each tensor input, for automatic dynamic
 
 
 class _Break:
@@ -57,9 +59,9 @@ class _Break:
 
 
 class Capture:
-    def __init__(self, F, L, code, fullgraph, backend):
+    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamic_dims):
         self.F, self.L, self.code, self.fullgraph = F, L, code, fullgraph
-        self.backend_for_glue = backend
+        self.backend_for_glue, self.dynamic, self.dynamic_dims = backend, dynamic, dynamic_dims
         self.break_at = None
         self.break_reason = None
         self.requested = None
@@ -70,7 +72,7 @@ class Capture:
         if self.code.co_flags & _GENERATOR_FLAGS:
             raise self._cannot("generators and coroutines run eagerly")
         for _ in range(3):
-            self.og = OutputGraph(self.code.co_name)
+            self.og = OutputGraph(self.code.co_name, self.dynamic_dims)
             self.steps, self.requested = 0, None
             frame = interp.root_frame(self, self.F, self.L, self.code)
             try:
@@ -134,14 +136,14 @@ def _in_with_block(insts, offset):
     return depth > 0
 
 
-def compile_frame(F, L, code, backend, fullgraph):
+def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=None):
     """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed.
 
     A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly
     (set KILN_DEBUG=1 to see it raised instead).
     """
     try:
-        return _compile_frame(F, L, code, backend, fullgraph)
+        return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims)
     except (EagerFrame, KilnError):
         raise
     except Exception as e:
@@ -151,8 +153,8 @@ def compile_frame(F, L, code, backend, fullgraph):
                          f"{type(e).__name__}: {e}") from e
 
 
-def _compile_frame(F, L, code, backend, fullgraph):
-    cap = Capture(F, L, code, fullgraph, backend)
+def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
+    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamic_dims)
     result = cap.run()
     og = cap.og
     glue = Glue(og)
@@ -164,8 +166,11 @@ def _compile_frame(F, L, code, backend, fullgraph):
         tail, reason = [f"return {ret}"], None
     graph_fn, gm = _compile_graph(og, glue, backend, code)
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
+    for expr in shape_guards(og):
+        og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
-    entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src)
+    entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src,
+                       [(s, tuple(t.shape)) for s, t, _ in og.inputs])
     _log_entry(code, entry, og)
     return entry
 
@@ -201,7 +206,7 @@ def _break_tail(cap, glue, brk):
     insts, index_of = frame.insts, frame.index_of
     next_offset = insts[index_of[inst.offset] + 1].offset if index_of[inst.offset] + 1 < len(insts) else None
     _log_break(brk.reason)
-    caller = glue.const(runtime.Caller(cap.backend_for_glue), "CALL")
+    caller = glue.const(runtime.Caller(cap.backend_for_glue, cap.dynamic), "CALL")
     resume = lambda below, offset, extra: _resume_call(cap, glue, frame, below, offset, extra)  # noqa: E731
 
     if inst.opname in _JUMPS:
@@ -299,7 +304,7 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     rcode = resume_code(code, offset, stack_nulls, live)
     if enabled("bytecode"):
         log("bytecode", "resume function %s:\n%s", rcode.co_name, _dis(rcode))
-    rcache = glue.const(runtime.get_cache(rcode, cap.backend_for_glue, False), "RESUME")
+    rcache = glue.const(runtime.get_cache(rcode, cap.backend_for_glue, False, cap.dynamic), "RESUME")
     closure = "None"
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)

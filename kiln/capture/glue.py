@@ -11,7 +11,8 @@ from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, SetVariable, TensorVariable, TupleVariable)
+                                    ObjectVariable, SetVariable, SymNodeVariable, TensorVariable, TupleVariable)
+from kiln.capture.objects import specialize
 from kiln.exc import Unsupported
 
 _LITERAL_TYPES = (int, bool, str, type(None), bytes)
@@ -51,6 +52,8 @@ class Glue:
             if type(v) in _LITERAL_TYPES or (type(v) is float and v == v and abs(v) != float("inf")):
                 return repr(v)
             return self.const(v, "K")
+        if isinstance(var, SymNodeVariable):
+            return repr(specialize(var))
         if isinstance(var, interp.RealCell):
             return var.source.expr(self.ctx).rsplit(".cell_contents", 1)[0]
         name = self._new_tmp()

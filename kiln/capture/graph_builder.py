@@ -13,14 +13,16 @@ import types
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from kiln.capture.guards import GuardSet
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import AttrSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable,
-                                    TensorVariable, TupleVariable, is_constant)
+                                    SymNodeVariable, TensorVariable, TupleVariable, is_constant)
+from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+import torch._guards
 from kiln.exc import Unsupported
 
 # Python modules whose attributes are treated as fixed (no guard on `torch.nn.functional.relu`)
@@ -34,10 +36,37 @@ def is_library_module(mod):
     return name.split(".")[0] in _LIBRARY_PREFIXES
 
 
+class ShapeSource(torch._guards.Source):
+    """Names a dynamic input for the ShapeEnv: its name is the guard expression that reloads it."""
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    @property
+    def name(self):
+        return self.expr
+
+    def guard_source(self):
+        return torch._guards.GuardSource.LOCAL
+
+    def reconstruct(self, codegen):
+        raise NotImplementedError
+
+    def __hash__(self):
+        return hash(self.expr)
+
+    def __eq__(self, other):
+        return isinstance(other, ShapeSource) and other.expr == self.expr
+
+
 class OutputGraph:
-    def __init__(self, code_name):
+    def __init__(self, code_name, dynamic_dims=None):
+        """`dynamic_dims(source) -> set of dims` says which sizes of an input stay symbolic."""
         self.graph = torch.fx.Graph()
-        self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
+        self.dynamic_dims = dynamic_dims or (lambda source, t: ())
+        self.dynamic_inputs = []  # (fake, ShapeSource)
         self.guards = GuardSet()
         self.side_effects = SideEffects()
         self.inputs = []  # (source, real tensor, node) in placeholder order
@@ -114,8 +143,17 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported")
         if value.is_sparse or value.layout != torch.strided:
             raise Unsupported("sparse tensors are not supported")
-        self.guards.tensor_match(source, value)
-        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        dims = set(self.dynamic_dims(source, value)) if value.dim() else set()
+        if dims:
+            self.guards.tensor_match(source, value, dynamic=dims)
+            shape_source = ShapeSource(source.expr(self.guards.ctx))
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+                                                          for d in range(value.dim())])
+            fake = self.fake_mode.from_tensor(value, symbolic_context=ctx, source=shape_source)
+            self.dynamic_inputs.append((fake, shape_source))
+        else:
+            self.guards.tensor_match(source, value)
+            fake = self.fake_mode.from_tensor(value, static_shapes=True)
         name = self._unique(_sanitize(repr(source)))
         node = self._placeholder(name)
         node.meta["example_value"] = fake
@@ -150,7 +188,7 @@ class OutputGraph:
         unless the op mutated a tensor in place.
         """
         fake_args, fake_kwargs = _to_fake((args, kwargs))
-        tensors_in = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
+        tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
         versions = [t.fake._version for t in tensors_in]
         try:
             with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
@@ -164,10 +202,11 @@ class OutputGraph:
             raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
         mutated = any(t.fake._version != v for t, v in zip(tensors_in, versions))
         leaves = pytree.tree_leaves(result)
-        if any(isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape) for x in leaves):
+        if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
             raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
-        if not has_tensor and not mutated:
+        if not has_tensor and not mutated and not _has_symbols(leaves):
+            result = pytree.tree_map(_concrete, result)
             if not is_constant(result) and not (isinstance(result, (list, tuple)) and all(map(is_constant, result))):
                 raise Unsupported(f"{_target_name(target)} returned {type(result).__name__}, which capture cannot hold")
             return ConstantVariable(result)
@@ -187,7 +226,7 @@ class OutputGraph:
         if isinstance(result, (tuple, list)):
             items = []
             for i, r in enumerate(result):
-                if isinstance(r, torch.Tensor) or isinstance(r, (tuple, list)):
+                if isinstance(r, (torch.Tensor, tuple, list)) or _has_symbols([r]):
                     item = self.graph.create_node("call_function", operator.getitem, (node, i), {},
                                                   name=self._unique(f"getitem"))
                     item.meta["example_value"] = r
@@ -201,6 +240,12 @@ class OutputGraph:
             return TupleVariable(items, cls=type(result))
         if result is None:
             return ConstantVariable(None)
+        if isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if result.node.expr.is_number:
+                return ConstantVariable(_concrete(result))
+            return SymNodeVariable(node, result)
+        if is_constant(result):
+            return ConstantVariable(result)
         raise Unsupported(f"op returned {type(result).__name__}")
 
     def set_grad_enabled(self, enabled):
@@ -214,16 +259,41 @@ class OutputGraph:
         return sum(1 for n in self.graph.nodes if n.op.startswith("call"))
 
 
+def _has_symbols(leaves):
+    return any(isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not x.node.expr.is_number
+               for x in leaves)
+
+
+def _concrete(x):
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(x)](x)
+    return x
+
+
+def shape_guards(og):
+    """Python guard expressions for the dynamic inputs' sizes (what the traced code assumed)."""
+    if not og.dynamic_inputs:
+        return []
+    fakes, sources = zip(*og.dynamic_inputs)
+    return og.shape_env.produce_guards(list(fakes), list(sources))
+
+
 def _is_library_object(value):
     mod = getattr(value, "__module__", None) or ""
     return mod.split(".")[0] in ("torch", "builtins", "math", "operator", "_operator")
+
+
+def _var_leaves(tree):
+    out = []
+    _map_vars(lambda v: out.append(v), tree)
+    return out
 
 
 def _to_fake(tree):
     def conv(v):
         if isinstance(v, TensorVariable):
             return v.fake
-        if isinstance(v, ConstantVariable):
+        if isinstance(v, (ConstantVariable, SymNodeVariable)):
             return v.value
         if isinstance(v, ObjectVariable):
             return v.value
@@ -233,10 +303,8 @@ def _to_fake(tree):
 
 def _to_nodes(tree):
     def conv(v):
-        if isinstance(v, TensorVariable):
+        if isinstance(v, (TensorVariable, SymNodeVariable)):
             return v.node
-        if isinstance(v, ConstantVariable):
-            return v.value
         return v.value
     return _map_vars(conv, tree)
 

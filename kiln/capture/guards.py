@@ -62,8 +62,17 @@ class GuardSet:
             self.add(source, f"type(v) is {self.const(type(value), 'T')} and v == {c}",
                      f"{source!r} == {value!r}")
 
-    def tensor_match(self, source, t):
+    def tensor_match(self, source, t, dynamic=()):
         dt, dev = self.const(t.dtype, "DT"), self.const(t.device, "DEV")
+        if dynamic:  # sizes of dynamic dims are checked by the shape guards instead
+            static = " and ".join(f"v.shape[{d}] == {n}" for d, n in enumerate(t.shape) if d not in dynamic)
+            check = (f"type(v) is {self.const(type(t), 'T')} and v.dtype is {dt} and v.device == {dev} and "
+                     f"v.dim() == {t.dim()} and v.requires_grad is {t.requires_grad} and "
+                     f"v.is_contiguous() is {t.is_contiguous()}" + (f" and {static}" if static else ""))
+            shape = [("*" if d in dynamic else n) for d, n in enumerate(t.shape)]
+            self.add(source, check, f"{source!r}: {type(t).__name__} {str(t.dtype).replace('torch.', '')}"
+                     f"{shape} (dynamic dims {sorted(dynamic)}) device={t.device} requires_grad={t.requires_grad}")
+            return
         size, stride = self.const(t.shape, "S"), self.const(t.stride(), "ST")
         check = (f"type(v) is {self.const(type(t), 'T')} and v.dtype is {dt} and v.device == {dev} and "
                  f"v.shape == {size} and v.stride() == {stride} and v.requires_grad is {t.requires_grad}")

@@ -19,7 +19,8 @@ from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                                     ListVariable, MethodVariable, NullVariable, ObjectVariable, SetVariable,
-                                    SuperVariable, TensorVariable, TupleVariable, const, is_constant)
+                                    SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const,
+                                    is_constant)
 from kiln.exc import Unsupported
 
 _STATEFUL_WORDS = ("seed", "set_", "rng", "manual", "deterministic", "synchronize", "empty_cache", "save",
@@ -58,7 +59,14 @@ def const_value(v, why="a non-constant value"):
         return {const_value(i, why) for i in v.items}
     if isinstance(v, TensorVariable):
         raise Unsupported(f"{why}: a tensor's data is needed in Python")
+    if isinstance(v, SymNodeVariable):
+        return specialize(v)
     raise Unsupported(f"{why} ({describe(v)})")
+
+
+def specialize(v):
+    """The concrete value of a symbolic size; the shape guards then pin it."""
+    return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v.value)](v.value)
 
 
 def dict_key(k):
@@ -126,6 +134,8 @@ _NO = object()
 
 def truth(frame, v):
     if isinstance(v, ConstantVariable):
+        return bool(v.value)
+    if isinstance(v, SymNodeVariable):
         return bool(v.value)
     if isinstance(v, TensorVariable):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)")
@@ -197,7 +207,7 @@ def apply_operator(frame, op, args):
     if all(isinstance(a, SetVariable) or isinstance(a, ConstantVariable) and isinstance(a.value, frozenset)
            for a in args) and len(args) == 2 and op in _SET_OPS:
         return _set_operator(op, args)
-    if any(isinstance(a, TensorVariable) for a in args):
+    if any(isinstance(a, (TensorVariable, SymNodeVariable)) for a in args):
         if op is operator.contains:
             raise Unsupported("`in` on tensor data")
         return og.call_op("call_function", op, args, {})
@@ -463,6 +473,10 @@ def _tensor_attr(og, t, name):
         raise Unsupported(f"AttributeError: {e}") from e
     if callable(attr):
         return MethodVariable(name, t)
+    if name == "shape" and any(isinstance(d, torch.SymInt) for d in attr):
+        return og.call_op("call_method", "size", [t], {})
+    if isinstance(attr, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return og.call_op("call_function", getattr, [t, const(name)], {})
     if isinstance(attr, torch.Tensor):
         raise Unsupported(f"tensor-valued attribute Tensor.{name}")
     if not is_constant(attr):
@@ -649,7 +663,7 @@ def _tensor_method(frame, t, name, args, kwargs):
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":
-            return const(len(t.fake))
+            return _b_len(frame, [t], {})
         raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
     return frame.og.call_op("call_method", name, [t] + list(args), kwargs)
 
@@ -1070,6 +1084,8 @@ def _b_len(frame, args, kwargs):
     if isinstance(v, TensorVariable):
         if v.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
+        if isinstance(v.fake.shape[0], torch.SymInt):
+            return frame.og.call_op("call_function", len, [v], {})
         return const(v.fake.shape[0])
     if isinstance(v, ConstantVariable):
         return const(len(v.value))

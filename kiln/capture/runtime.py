@@ -14,6 +14,7 @@ import torch
 from kiln import config as config_mod
 from kiln.capture.convert import EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
+from kiln.capture.sources import CodeContext
 from kiln.debug.logs import enabled, log
 
 _LOCK = threading.RLock()
@@ -30,8 +31,9 @@ def _backend_key(backend):
 class CodeCache:
     """The compiled entries of one code object (for one backend)."""
 
-    def __init__(self, code, backend, fullgraph):
-        self.code, self.backend, self.fullgraph = code, backend, fullgraph
+    def __init__(self, code, backend, fullgraph, dynamic):
+        self.code, self.backend, self.fullgraph, self.dynamic = code, backend, fullgraph, dynamic
+        self.dynamic_dims = {}  # Source -> dims whose size changed between calls (dynamic=None)
         self.entries = []
         self.eager_reason = None
         self.warned_limit = False
@@ -65,8 +67,11 @@ class CodeCache:
                 return None
             if self.entries:
                 self._log_recompile(F, L)
+                if self.dynamic is None and config_mod.config.automatic_dynamic_shapes:
+                    self._note_changed_sizes(F, L)
             try:
-                entry = compile_frame(F, L, self.code, self.backend, self.fullgraph)
+                entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
+                                      self._dims_for)
             except EagerFrame as e:
                 self.eager_reason = str(e)
                 log("graph_breaks", "%s", e)
@@ -77,6 +82,28 @@ class CodeCache:
             for obs in observers:
                 obs(self.code, entry)
             return entry
+
+    def _dims_for(self, source, tensor):
+        if self.dynamic is True:
+            return range(tensor.dim())
+        return self.dynamic_dims.get(source, ())
+
+    def _note_changed_sizes(self, F, L):
+        """Automatic dynamic shapes: a size that differs from a previous entry's becomes symbolic."""
+        for entry in self.entries:
+            for source, shape in entry.input_shapes:
+                try:
+                    value = _evaluate(source, F, L)
+                except Exception:
+                    continue
+                if isinstance(value, torch.Tensor) and value.dim() == len(shape):
+                    changed = {d for d, (a, b) in enumerate(zip(value.shape, shape)) if a != b}
+                    if changed:
+                        dims = self.dynamic_dims.setdefault(source, set())
+                        if not changed <= dims:
+                            dims |= changed
+                            log("dynamic", "%s: %r dims %s become dynamic", self.code.co_qualname, source,
+                                sorted(dims))
 
     def _failure_text(self, F, L):
         if not self.entries:
@@ -94,13 +121,19 @@ class CodeCache:
             print(f"[kiln] {msg}")
 
 
-def get_cache(code, backend, fullgraph):
-    key = (code, _backend_key(backend), fullgraph)
+def get_cache(code, backend, fullgraph, dynamic=None):
+    key = (code, _backend_key(backend), fullgraph, dynamic)
     cache = _CACHES.get(key)
     if cache is None:
         with _LOCK:
-            cache = _CACHES.setdefault(key, CodeCache(code, backend, fullgraph))
+            cache = _CACHES.setdefault(key, CodeCache(code, backend, fullgraph, dynamic))
     return cache
+
+
+def _evaluate(source, F, L):
+    ctx = CodeContext()
+    expr = source.expr(ctx)
+    return eval(f"(lambda G: {expr})(F.__globals__)", {**ctx.consts, "F": F, "L": L})
 
 
 def reset():
@@ -158,9 +191,9 @@ class _Default:
 
 
 # ---- entry points ---------------------------------------------------------------------------------
-def optimize_function(fn, backend, fullgraph):
+def optimize_function(fn, backend, fullgraph, dynamic=None):
     """The compiled callable for a Python function: bind, look up, check guards, run."""
-    cache = get_cache(fn.__code__, backend, fullgraph)
+    cache = get_cache(fn.__code__, backend, fullgraph, dynamic)
     binder = make_binder(fn)
     entries = cache.entries
     F = fn
@@ -188,8 +221,8 @@ class Caller:
     """Calls made natively at a graph break: Python callees go through the runtime (so they are
     compiled as frames of their own), everything else is called as is."""
 
-    def __init__(self, backend):
-        self.backend = backend
+    def __init__(self, backend, dynamic):
+        self.backend, self.dynamic = backend, dynamic
 
     def __call__(self, fn, *args, **kwargs):
         if compilation_disabled() or is_disabled_function(fn):
@@ -203,7 +236,7 @@ class Caller:
                 target, pre = forward.__func__, (fn,)
         if not isinstance(target, types.FunctionType) or _is_library(target):
             return fn(*args, **kwargs)
-        cache = get_cache(target.__code__, self.backend, False)
+        cache = get_cache(target.__code__, self.backend, False, self.dynamic)
         binder = _binder_for(target)
         L = binder(*pre, *args, **kwargs)
         for e in cache.entries:

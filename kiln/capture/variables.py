@@ -96,6 +96,19 @@ class TensorVariable(Variable):
         return f"Tensor({self.node.name}, {tuple(self.fake.shape)})"
 
 
+class SymNodeVariable(Variable):
+    """A symbolic size (SymInt) computed in the graph from a dynamic dimension."""
+
+    def __init__(self, node, value):
+        self.node, self.value = node, value
+
+    def python_type(self):
+        return int if isinstance(self.value, torch.SymInt) else float
+
+    def __repr__(self):
+        return f"Sym({self.value})"
+
+
 class _Sequence(Variable):
     def __init__(self, items, source=None):
         self.items, self.source = list(items), source
