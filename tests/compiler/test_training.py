@@ -400,7 +400,8 @@ def test_parameters_read_through_get_attr_get_gradients(inner):
         torch.testing.assert_close(b, c)
 
 
-def test_symbolic_batch_size():
+@pytest.mark.parametrize("inner", INNERS)
+def test_symbolic_batch_size(inner):
     """With dynamic shapes capture hands fake inputs with symbolic sizes; sizes the backward
     needs are saved as values, and one compiled graph serves every batch size."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -414,7 +415,7 @@ def test_symbolic_batch_size():
     dynamic_batch = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
     example = [mode.from_tensor(torch.randn(5, 8), symbolic_context=dynamic_batch),
                mode.from_tensor(w), mode.from_tensor(b)]
-    compiled = compile_for_training(torch.fx.symbolic_trace(f), example, "eager")
+    compiled = compile_for_training(torch.fx.symbolic_trace(f), example, inner)
     for batch in (5, 9):
         x = torch.randn(batch, 8)
         (gw, gb) = torch.autograd.grad(compiled(x, w, b), (w, b))
