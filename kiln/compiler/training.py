@@ -133,8 +133,10 @@ class TrainingGraph:
         self.num_forward = len(self.signature.differentiable)
         self.partition = partition(joint, len(primals), self.num_forward, recompute=recompute,
                                    unsaveable=self.signature.mutated)
-        log("aot", "partition: %d saved values, %d bytes", self.partition.num_saved,
-            self.partition.saved_bytes)
+        if enabled("aot"):
+            log("aot", "partition: %d saved values, %d bytes\nforward:%s\nbackward:%s",
+                self.partition.num_saved, self.partition.saved_bytes, self.partition.forward.code,
+                self.partition.backward.code)
         self.forward = _compile_graph(self.partition.forward, _detached(primals), options, inner)
         self._backward = None
 
