@@ -151,10 +151,10 @@ def test_inputs_with_and_without_grad(inner):
 def test_outputs_without_grad_and_several_outputs(inner):
     def f(x, w, c):
         y = x * w
-        return y.sin(), c.cos(), y.detach() + 1, (y * y).sum()
+        return y.sin(), c.cos(), y.detach() + 1, (y * y).sum(), y.argmax()
     args = [torch.randn(6), torch.randn(6, requires_grad=True), torch.randn(3)]
     _, outs = run_both(torch.fx.symbolic_trace(f), args, inner)
-    assert [o.requires_grad for o in outs] == [True, False, False, True]
+    assert [o.requires_grad for o in outs] == [True, False, False, True, False]
 
 
 @pytest.mark.parametrize("inner", INNERS)
