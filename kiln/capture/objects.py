@@ -61,6 +61,8 @@ def const_value(v, why="a non-constant value"):
         raise Unsupported(f"{why}: a tensor's data is needed in Python")
     if isinstance(v, SymNodeVariable):
         return specialize(v)
+    if isinstance(v, MethodVariable) and isinstance(v.obj, ObjectVariable) and isinstance(v.fn, types.FunctionType):
+        return types.MethodType(v.fn, v.obj.value)
     raise Unsupported(f"{why} ({describe(v)})")
 
 
@@ -395,6 +397,9 @@ def unpack_iterable(frame, v):
         if isinstance(mod, torch.nn.ParameterList):
             frame.og.guards.keys_match(AttrSource(v.source, "_parameters"), mod._parameters)
             return [og_param(frame.og, v, k) for k in mod._parameters]
+    if isinstance(v, ObjectVariable) and isinstance(v.value, (types.MappingProxyType, type({}.keys()),
+                                                              type({}.values()), type({}.items()))):
+        return [result_var(frame.og, x) for x in v.value]  # views of objects known by value
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
         it = call(frame, getattr_var(frame, v, "__iter__"), [], {})
         return unpack_iterable(frame, it)
@@ -484,8 +489,14 @@ def _tensor_attr(og, t, name):
     return const(attr)
 
 
-def _object_attr(frame, obj, name):
+def _object_attr(frame, obj, name, plain=False):
+    """Attribute lookup on an existing object; `plain` skips a Python-level __getattribute__ (it is what
+    object.__getattribute__ does when that override calls super())."""
     og, value, source = frame.og, obj.value, obj.source
+    if not plain and not isinstance(value, (type, types.ModuleType)):
+        hook = inspect.getattr_static(type(value), "__getattribute__", None)
+        if isinstance(hook, types.FunctionType):
+            return call(frame, MethodVariable(hook, obj), [const(name)], {})
     if isinstance(value, types.ModuleType):
         try:
             attr = getattr(value, name)
@@ -555,6 +566,8 @@ def _class_attr(frame, obj, cls, name):
     if hasattr(type(raw), "__get__") and not isinstance(raw, (types.BuiltinFunctionType,)):
         if isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
             return MethodVariable(raw, obj)
+        if isinstance(raw, (types.MemberDescriptorType, types.GetSetDescriptorType)) and isinstance(obj, ObjectVariable):
+            return og.wrap(getattr(obj.value, name), None, guard=False)  # a slot of an object known by value
         raise Unsupported(f"descriptor {type(raw).__name__} {name}")
     return og.wrap(raw, None, guard=False) if not is_constant(raw) else const(raw)
 
@@ -632,6 +645,8 @@ def _call_method_var(frame, m, args, kwargs):
     if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)):
         if fn is object.__init__:
             return const(None)
+        if fn is object.__getattribute__ and isinstance(obj, ObjectVariable) and len(args) == 1:
+            return _object_attr(frame, obj, const_value(args[0], "attribute name"), plain=True)
         view = _readonly_dict_view(frame, obj, fn)
         if view is not None:
             return call_method(frame, view, fn.__name__, args, kwargs)
@@ -766,11 +781,11 @@ def _call_value(frame, fn_var, args, kwargs):
         if isinstance(func, types.FunctionType):
             return call_python_function(frame, func, [self_var] + list(args), kwargs)
         return call(frame, og.wrap(func, None, guard=False), [self_var] + list(args), kwargs)
-    if isinstance(fn, types.FunctionType):
-        return call_python_function(frame, fn, args, kwargs)
     handler = BUILTIN_HANDLERS.get(_key(fn))
     if handler is not None:
         return handler(frame, args, kwargs)
+    if isinstance(fn, types.FunctionType):
+        return call_python_function(frame, fn, args, kwargs)
     if _is_torch_op(fn):
         return _call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
@@ -836,7 +851,7 @@ def _construct(frame, cls_var, cls, args, kwargs):
         raise Unsupported(f"creating module {cls.__qualname__} inside compiled code")
     if issubclass(cls, BaseException):
         raise Unsupported(f"creating exception {cls.__qualname__}")
-    if cls in (operator.itemgetter, operator.attrgetter):
+    if cls in (operator.itemgetter, operator.attrgetter, functools.partial):
         return _fold(og, cls, args, kwargs)
     if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
         if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or cls.__module__ == "builtins":
@@ -1297,6 +1312,13 @@ def _b_reduce(frame, args, kwargs):
     return acc
 
 
+def _b_native_query(fn):
+    """Pure standard-library queries about known objects (inspect.signature): answered natively."""
+    def handler(frame, args, kwargs):
+        return _fold(frame.og, fn, args, kwargs)
+    return handler
+
+
 def _b_sorted(frame, args, kwargs):
     items = unpack_iterable(frame, args[0])
     lst = ListVariable(items)
@@ -1316,7 +1338,9 @@ BUILTIN_HANDLERS = {
     pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
     complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,
-    collections.defaultdict: _b_defaultdict,
+    collections.defaultdict: _b_defaultdict, inspect.signature: _b_native_query(inspect.signature),
+    inspect.isclass: _b_native_query(inspect.isclass), inspect.isfunction: _b_native_query(inspect.isfunction),
+    inspect.ismethod: _b_native_query(inspect.ismethod),
     tuple.__new__: lambda frame, args, kwargs: TupleVariable(unpack_iterable(frame, args[1]),
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
