@@ -190,3 +190,185 @@ def test_python_error_in_region_has_eager_type():
     compiled = kiln.compile(f, backend=CompileCounter())
     with pytest.raises(KeyError):
         compiled(torch.randn(3), {})
+
+
+def match_statement(x):
+    config = {"kind": "scale", "by": 3}
+    match config:
+        case {"kind": "shift", "by": amount}:
+            return x + amount
+        case {"kind": "scale", "by": amount}:
+            return x * amount
+        case _:
+            return x
+
+
+def match_on_shape(x):
+    match tuple(x.shape):
+        case (n, m) if n == m:
+            return x.t()
+        case (n, _):
+            return x * n
+    return x
+
+
+def import_inside_function(x):
+    import math as m
+    from operator import mul
+    return mul(x, m.tau)
+
+
+def late_binding_closures(x):
+    fns = [lambda t: t * i for i in range(3)]
+    bound = [lambda t, i=i: t * i for i in range(3)]
+    return [f(x) for f in fns], [f(x) for f in bound]
+
+
+def multiple_star_unpacking(x):
+    a, b = (x,), [x * 2]
+    kw1, kw2 = {"dim": 0}, {"keepdim": True}
+    return torch.cat([*a, *b], **kw1).sum(0, **kw2, **{}), [*a, *b, *(x + 1,)]
+
+
+def diamond_inheritance(x):
+    class A:
+        def f(self, t):
+            return t + 1
+
+    class B(A):
+        def f(self, t):
+            return super().f(t) * 2
+
+    class C(A):
+        def f(self, t):
+            return super().f(t) - 3
+
+    class D(B, C):
+        def f(self, t):
+            return super().f(t) / 4
+    return D().f(x), [k.__name__ for k in D.__mro__]
+
+
+def slots_and_property_setter(x):
+    holder = SlottedHolder(x)
+    holder.value = holder.value * 5
+    return holder.value, holder.sets
+
+
+def while_else_and_for_else_break(x):
+    i = 0
+    while i < 3:
+        i += 1
+    else:
+        x = x + i
+    for j in range(5):
+        if j == 2:
+            break
+    else:
+        x = x * 100
+    return x + j
+
+
+def iterator_protocol(x):
+    it = iter([x, x * 2, x * 3])
+    first = next(it)
+    rest = list(it)
+    return first + sum(rest), next(iter([]), x)
+
+
+def dict_merge_and_fromkeys(x):
+    a = {"p": 1, "q": 2}
+    b = a | {"q": 20, "r": 30}
+    c = dict.fromkeys(["u", "v"], 0.5)
+    return x * b["q"] + sum(c.values()) + len(b)
+
+
+def min_max_with_key_and_zip_transpose(x):
+    pairs = [(3, "c"), (1, "a"), (2, "b")]
+    lo = min(pairs, key=lambda p: p[0])
+    hi = max(pairs, key=lambda p: p[1])
+    cols = list(zip(*pairs))
+    return x * lo[0] + hi[0] + sum(cols[0])
+
+
+def context_manager_without_break(x):
+    with UserContext() as ctx:
+        y = x * ctx.factor
+    return y + ctx.exits
+
+
+def exception_caught_inside_region(x):
+    try:
+        raise ValueError("handled")
+    except ValueError as e:
+        msg = str(e)
+    finally:
+        x = x + 1
+    return x * len(msg)
+
+
+def no_grad_decorated_helper(x):
+    return grad_free_double(x) + x
+
+
+def float_specials(x):
+    return x.clamp(max=math_inf()) + (float("inf") > 1e308) + (-0.0 == 0.0)
+
+
+def fstring_conversions(x):
+    s = f"{'a'!r}{3:>4}{2.5:08.3f}{[1, 2]}"
+    return x + len(s)
+
+
+class SlottedHolder:
+    __slots__ = ("_value", "sets")
+
+    def __init__(self, v):
+        self._value, self.sets = v, 0
+
+    @property
+    def value(self):
+        return self._value
+
+    @value.setter
+    def value(self, v):
+        self.sets += 1
+        self._value = v
+
+
+class UserContext:
+    def __init__(self):
+        self.factor, self.exits = 3, 0
+
+    def __enter__(self):
+        self.factor += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.exits += 1
+        return False
+
+
+@torch.no_grad()
+def grad_free_double(t):
+    return t * 2
+
+
+def math_inf():
+    import math
+    return math.inf
+
+
+MORE_CASES = [match_statement, match_on_shape, import_inside_function, late_binding_closures, multiple_star_unpacking,
+              slots_and_property_setter, while_else_and_for_else_break, iterator_protocol, dict_merge_and_fromkeys,
+              min_max_with_key_and_zip_transpose, context_manager_without_break, exception_caught_inside_region,
+              no_grad_decorated_helper, float_specials, fstring_conversions]
+
+
+@pytest.mark.parametrize("fn", MORE_CASES, ids=[f.__name__ for f in MORE_CASES])
+def test_more_semantics_one_graph(fn):
+    check_graphs(fn, torch.randn(3, 3, requires_grad=fn is no_grad_decorated_helper), graphs=1)
+
+
+def test_class_defined_inside_region_with_diamond_mro():
+    check_graphs(diamond_inheritance, torch.randn(3))
