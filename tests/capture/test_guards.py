@@ -400,3 +400,102 @@ def test_cache_size_limit_warns_exactly_once(caplog):
 def test_cache_size_limit_default_is_64():
     if hasattr(kiln.config, "cache_size_limit"):
         assert kiln.config.cache_size_limit == 64
+
+
+def test_different_module_argument_uses_its_own_weights():
+    def f(m, x):
+        return m(x)
+    compiled, counter = compiled_counting(f)
+    m1, m2 = nn.Linear(4, 4), nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    check(compiled, f, m1, x)
+    check(compiled, f, m2, x)
+
+
+def test_module_dtype_change_not_stale():
+    model = Scaled()
+    compiled, counter = compiled_counting(model)
+    x = torch.randn(2, 4)
+    check(compiled, model, x)
+    model.double()
+    out = compiled(x.double())
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, model(x.double()))
+
+
+def test_module_requires_grad_change_not_stale():
+    model = Scaled()
+    compiled, counter = compiled_counting(model)
+    x = torch.randn(2, 4)
+    assert compiled(x).requires_grad
+    model.requires_grad_(False)
+    assert not compiled(x).requires_grad
+
+
+def test_dict_argument_keys_change_not_stale():
+    def f(d):
+        return sum(v * len(k) for k, v in d.items())
+    compiled, counter = compiled_counting(f)
+    check(compiled, f, {"a": torch.ones(2)})
+    check(compiled, f, {"bb": torch.ones(2)})
+    check(compiled, f, {"a": torch.ones(2), "ccc": torch.ones(2)})
+    assert counter.frame_count == 3
+
+
+def test_optional_argument_tensor_then_none():
+    def f(x, bias=None):
+        return x * 2 if bias is None else x * 2 + bias
+    compiled, counter = compiled_counting(f)
+    x = torch.randn(3)
+    check(compiled, f, x, torch.ones(3))
+    check(compiled, f, x)
+    check(compiled, f, x, None)
+    assert counter.frame_count == 2
+
+
+def test_global_module_replaced_by_other_class(monkeypatch):
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "ACT", nn.ReLU(), raising=False)
+
+    def f(x):
+        return module.ACT(x)
+    compiled, counter = compiled_counting(f)
+    x = torch.randn(5)
+    check(compiled, f, x)
+    monkeypatch.setattr(module, "ACT", nn.Sigmoid())
+    check(compiled, f, x)
+    assert counter.frame_count == 2
+
+
+def test_closure_cell_tensor_replaced_with_other_shape():
+    w = torch.ones(3)
+
+    def f(x):
+        return x * w
+
+    compiled, counter = compiled_counting(f)
+    torch.testing.assert_close(compiled(torch.ones(3)), torch.ones(3))
+    w = torch.full((2, 3), 2.0)  # noqa: F841  (rebinds the cell f reads)
+    torch.testing.assert_close(compiled(torch.ones(3)), torch.full((2, 3), 2.0))
+
+
+def test_global_forward_hook_honoured():
+    model = nn.Linear(4, 4)
+    compiled, counter = compiled_counting(model)
+    x = torch.randn(2, 4)
+    check(compiled, model, x)
+    handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: out * 0)
+    try:
+        torch.testing.assert_close(compiled(x), torch.zeros(2, 4))
+    finally:
+        handle.remove()
+    check(compiled, model, x)
+
+
+def test_hook_with_kwargs_honoured():
+    model = nn.Linear(4, 4)
+    model.register_forward_pre_hook(lambda m, args, kwargs: ((args[0] * 3,), kwargs), with_kwargs=True)
+    model.register_forward_hook(lambda m, args, kwargs, out: out - 1, with_kwargs=True)
+    compiled, counter = compiled_counting(model)
+    check(compiled, model, torch.randn(2, 4))
+    assert counter.frame_count == 1

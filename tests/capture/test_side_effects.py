@@ -184,3 +184,61 @@ def test_no_tensor_work_no_graph():
         return x.shape[0] * 2, x.dtype
     counter = check_graphs(f, torch.randn(5))
     assert counter.frame_count == 0
+
+
+def test_same_output_object_twice():
+    def f(x):
+        y = x * 2
+        return y, y
+    a, b = kiln.compile(f, backend=CompileCounter())(torch.randn(3))
+    assert a is b
+
+
+def test_input_returned_inside_container_is_the_input():
+    def f(x):
+        return {"input": x, "double": x * 2}
+    x = torch.randn(3)
+    out = kiln.compile(f, backend=CompileCounter())(x)
+    assert out["input"] is x
+
+
+def test_augmented_assignment_mutates_input():
+    def f(x):
+        x += 1
+        x *= 2
+        return x
+    check_graphs(f, torch.randn(3), graphs=1)
+
+
+def test_augmented_subscript_assignment_on_input():
+    def f(x):
+        x[0] += 10
+        x[:, 1] -= 1
+        return x.sum()
+    check_graphs(f, torch.randn(3, 3), graphs=1)
+
+
+def test_rebinding_does_not_mutate_input():
+    def f(x):
+        x = x + 1
+        return x
+    x = torch.zeros(3)
+    kiln.compile(f, backend=CompileCounter())(x)
+    torch.testing.assert_close(x, torch.zeros(3))
+
+
+def test_requires_grad_set_on_intermediate():
+    def f(x):
+        y = x.detach() * 2
+        y.requires_grad_()
+        return y * 3
+    check_graphs(f, torch.randn(3))
+
+
+def test_input_resized_in_place():
+    def f(x):
+        x.resize_(2, 2)
+        return x.shape
+    x = torch.zeros(4)
+    assert kiln.compile(f, backend=CompileCounter())(x) == torch.Size([2, 2])
+    assert x.shape == (2, 2)
