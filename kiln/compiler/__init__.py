@@ -20,7 +20,11 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
         from kiln.compiler.training import compile_training
         return compile_training(gm, example_inputs, options, inner)
     from kiln.compiler import aot
-    aten = aot.trace_aten(gm, example_inputs, aot.lowering_decompositions(options.get("fallback_random", False)))
+    try:
+        aten = aot.trace_aten(gm, example_inputs, aot.lowering_decompositions(options.get("fallback_random", False)))
+    except aot.AotUnsupported as e:
+        log("perf_hints", "graph runs eagerly: %s", e)
+        return _inspectable(lambda *args: gm.forward(*args), [], "", "", ["<whole graph>"])
     if inner == "eager":
         return aot.make_runner(aten, aten.gm.forward)
     return aot.make_runner(aten, compile_aten(aten.gm, example_inputs, options, fx_gm=gm))

@@ -146,7 +146,7 @@ class GraphLowering(LoweringContext):
             buf = self.add_buffer(ir.ExternBuffer(self.new_name(), sym_layout(meta), call))
             return buf.name
 
-        call.outputs = pytree.tree_map(as_output, node.meta["val"])
+        call.outputs = pytree.tree_map(as_output, node.meta.get("val"))  # no "val": returns None
         if call.outputs is None or not pytree.tree_leaves(call.outputs):
             # no tensor results (or only None): still run it (it may have effects), keep a marker
             self.add_buffer(ir.ExternBuffer(name, ir.Layout((), (), torch.float32), call))

@@ -248,6 +248,18 @@ def test_value_dependent_graph_is_refused(fn):
         trace_aten(torch.fx.symbolic_trace(fn), [torch.tensor([0, 3, 1])])
 
 
+def test_compile_fx_runs_a_refused_graph_eagerly():
+    from kiln.compiler import compile_fx
+
+    def f(x, y):
+        return torch.equal(x, y), x + y
+
+    x = torch.randn(3)
+    compiled = compile_fx(torch.fx.symbolic_trace(f), [x, x.clone()])
+    assert_equal_state(compiled(x, x.clone()), f(x, x.clone()))
+    assert compiled(x, x + 1)[0] is False
+
+
 def test_sparse_input_is_refused():
     with pytest.raises(AotUnsupported, match="sparse_coo"):
         trace_aten(torch.fx.symbolic_trace(lambda x: x * 2), [torch.eye(3).to_sparse()])

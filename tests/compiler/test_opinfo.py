@@ -31,6 +31,7 @@ INNER = os.environ.get("KILN_OPINFO_INNER", "cpp")
 DTYPES = (torch.float32, torch.int64)
 SAMPLES_PER_OP = 2
 BATCH = 16  # cases per compiled graph: one C++ build for many ops keeps the sweep in budget
+WHOLE_GRAPH = "<whole graph>"  # in kiln_fallbacks: the compiler ran the whole graph eagerly
 # OpInfo compares with assert_close's defaults for the dtype (float32: rtol 1.3e-6, atol 1e-5).
 TOLERANCE = {}
 
@@ -248,7 +249,9 @@ def check_together(cases):
         error = None
     if error and len(cases) == 1:
         return {cases[0].id: Verdict("failing", error)}
-    if error:  # bisect, outside the except block so tracebacks do not chain
+    if error or (len(cases) > 1 and WHOLE_GRAPH in getattr(compiled, "kiln_fallbacks", ())):
+        # Bisect (outside the except block, so tracebacks do not chain): to find the failing
+        # case, or the one that sent the whole graph to eager, without blaming the others.
         half = len(cases) // 2
         return {**check_together(cases[:half]), **check_together(cases[half:])}
     verdicts = {}
@@ -300,10 +303,12 @@ def cases_with_fallbacks(compiled, cases):
     name: where one batch has an op both lowered and not, both cases count as fallback); None
     without the inspection API."""
     fallbacks = getattr(compiled, "kiln_fallbacks", None)
-    aten = getattr(compiled, "kiln_aten", None)
-    if fallbacks is None or aten is None:
+    if fallbacks is None:
         return None
+    if WHOLE_GRAPH in fallbacks:
+        return {case.id for case in cases}
     fallbacks = set(fallbacks)
+    aten = compiled.kiln_aten
     graph_outputs = aten.gm.graph.output_node().args[0]
     owner = []  # case index of each graph output, in order
     for k, case in enumerate(cases):
