@@ -13,7 +13,7 @@ import sysconfig
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
 from kiln.capture.variables import (NULL, CellVariable, ConstantVariable, DictVariable, ExitVariable,
-                                    FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
+                                    FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
                                     NullVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable,
                                     const)
 from kiln.exc import Unsupported
@@ -567,12 +567,40 @@ class Frame:
     # ---- with blocks (grad mode only) -----------------------------------------------------------
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
-        if not isinstance(ctx, GradModeVariable):
-            raise Unsupported(f"with-block over {objects.describe(ctx)} is not supported")
-        prior = self.og.grad_enabled
-        self.og.set_grad_enabled(ctx.enabled)
-        self.push(ExitVariable(prior))
-        self.push(const(None))
+        if isinstance(ctx, GradModeVariable):
+            prior = self.og.grad_enabled
+            self.og.set_grad_enabled(ctx.enabled)
+            self.push(ExitVariable(prior))
+            self.push(const(None))
+            return
+        if isinstance(ctx, (FreshObjectVariable, ObjectVariable)) and \
+                objects.python_dunder(ctx.python_type(), "__enter__") and \
+                objects.python_dunder(ctx.python_type(), "__exit__"):
+            exit_fn = objects.getattr_var(self, ctx, "__exit__")
+            entered = objects.call(self, objects.getattr_var(self, ctx, "__enter__"), [], {})
+            self.push(exit_fn)
+            self.push(entered)
+            return
+        raise Unsupported(f"with-block over {objects.describe(ctx)} is not supported")
+
+    # ---- match statements -----------------------------------------------------------------------
+    def MATCH_MAPPING(self, inst):
+        import collections.abc
+        self.push(const(issubclass(self.stack[-1].python_type(), collections.abc.Mapping)))
+
+    def MATCH_SEQUENCE(self, inst):
+        import collections.abc
+        t = self.stack[-1].python_type()
+        self.push(const(issubclass(t, collections.abc.Sequence) and not issubclass(t, (str, bytes, bytearray))))
+
+    def MATCH_KEYS(self, inst):
+        keys = objects.const_value(self.stack[-1], "match keys")
+        subject = self.stack[-2]
+        items = objects.dict_items(self, subject)
+        if all(k in items for k in keys):
+            self.push(objects.make_tuple([items[k] for k in keys]))
+        else:
+            self.push(const(None))
 
     # ---- imports, asserts, raise ----------------------------------------------------------------
     def IMPORT_NAME(self, inst):
@@ -588,6 +616,13 @@ class Frame:
         self.push(ObjectVariable(AssertionError))
 
     def RAISE_VARARGS(self, inst):
+        if inst.arg == 1:
+            exc = self.pop()
+            value = getattr(exc, "value", None)
+            if isinstance(value, type) and issubclass(value, BaseException):
+                value = value()
+            if isinstance(value, BaseException):
+                raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
         raise Unsupported("raise statement reached during capture")
 
 

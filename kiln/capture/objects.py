@@ -163,6 +163,10 @@ def truth(frame, v):
     raise Unsupported(f"truth value of {describe(v)}")
 
 
+def python_dunder(cls, name):
+    return _python_dunder(cls, name)
+
+
 def _python_dunder(cls, name):
     attr = inspect.getattr_static(cls, name, None)
     return isinstance(attr, types.FunctionType)
@@ -442,6 +446,8 @@ def getattr_var(frame, obj, name):
             return og.wrap(obj.python_type(), None, guard=False)
         return MethodVariable(name, obj)
     if isinstance(obj, FreshObjectVariable):
+        if isinstance(inspect.getattr_static(obj.cls, name, None), property):
+            return _class_attr(frame, obj, obj.cls, name)
         if name in obj.attrs:
             return obj.attrs[name]
         if name == "__class__":
@@ -598,6 +604,12 @@ def setattr_var(frame, obj, name, value):
     if isinstance(obj, FreshObjectVariable):
         if _python_dunder(obj.cls, "__setattr__"):
             raise Unsupported("a class with its own __setattr__")
+        raw = inspect.getattr_static(obj.cls, name, None)
+        if isinstance(raw, property):
+            if raw.fset is None:
+                raise Unsupported(f"property {name} has no setter", python_exception=AttributeError(name))
+            call(frame, MethodVariable(raw.fset, obj), [value], {})
+            return
         obj.attrs[name] = value
         return
     if isinstance(obj, ObjectVariable) and obj.source is not None and not isinstance(obj.value, (type, types.ModuleType)):
@@ -850,7 +862,7 @@ def _construct(frame, cls_var, cls, args, kwargs):
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating module {cls.__qualname__} inside compiled code")
     if issubclass(cls, BaseException):
-        raise Unsupported(f"creating exception {cls.__qualname__}")
+        return _fold(og, cls, args, kwargs)
     if cls in (operator.itemgetter, operator.attrgetter, functools.partial):
         return _fold(og, cls, args, kwargs)
     if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
