@@ -185,3 +185,42 @@ def test_input_mutation_is_written_back():
     got_x = x.clone()
     torch.testing.assert_close(c(got_x), expected)
     torch.testing.assert_close(got_x, expected_x)
+
+
+def test_value_used_by_later_loops_of_a_fused_kernel():
+    # h is computed in the first loop of the layer-norm kernel and read again by the later loops
+    def f(x, pos, w, b):
+        h = x + pos
+        return F.layer_norm(h, (32,), w, b) * 2, h
+    check(f, torch.randn(4, 16, 32), torch.randn(16, 32), torch.randn(32), torch.randn(32), rtol=1e-4)
+
+
+def test_scratch_buffers_share_the_workspace():
+    def f(x):
+        a = (x.exp() + 1).sum(1, keepdim=True)   # a small temporary between kernels
+        b = torch.softmax(x / a, 0).t().contiguous()
+        c = torch.softmax(b * 3, 0).t().contiguous()
+        return c + 1
+    c = check(f, torch.randn(64, 48), rtol=1e-4)
+    assert len(kernels(c)) >= 2
+
+
+def test_trace_folder_has_every_stage(tmp_path):
+    c = compiled(lambda x: torch.softmax(x, -1) + 1, torch.randn(8, 8),
+                 **{"trace.enabled": True, "trace.debug_dir": str(tmp_path)})
+    (folder,) = tmp_path.iterdir()
+    names = {p.name for p in folder.iterdir()}
+    assert {"fx_graph.txt", "aten_graph.txt", "ir.txt", "schedule.txt", "kernels.cpp", "wrapper.py"} <= names
+    assert (folder / "kernels.cpp").read_text() == c.kiln_source
+
+
+def test_output_code_log_shows_the_source(caplog):
+    from kiln.debug.logs import set_logs
+    set_logs("output_code")
+    try:
+        with caplog.at_level("INFO", logger="kiln.output_code"):
+            compiled(lambda x: x * 2 + 1, torch.randn(3))
+    finally:
+        set_logs("")
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert 'extern "C"' in text and "def kiln_graph" in text and ".so" in text
