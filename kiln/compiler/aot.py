@@ -46,6 +46,8 @@ class AotUnsupported(KilnError):
 
 # What fake tensors raise when tracing needs a tensor's values.
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+# ... and what a C++ kernel raises when it reads a fake tensor's data (tensor_split by a tensor).
+FAKE_DATA_READ = "data is not allocated yet"
 
 
 @dataclasses.dataclass
@@ -81,7 +83,9 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
     run, out_specs = _flat_function(gm, len(example_inputs), state_names)
     try:
         traced = _functional_trace(run, decompositions, example_inputs, state)
-    except DATA_DEPENDENT as e:
+    except (*DATA_DEPENDENT, RuntimeError) as e:
+        if not isinstance(e, DATA_DEPENDENT) and FAKE_DATA_READ not in str(e):
+            raise
         raise AotUnsupported(f"the graph depends on tensor values while tracing "
                              f"({type(e).__name__}: {str(e).splitlines()[0]})") from e
     if _mutates_intermediates(traced.graph):

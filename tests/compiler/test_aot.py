@@ -241,8 +241,9 @@ def test_mutating_an_input_that_shares_memory_with_another_is_refused():
         trace_aten(torch.fx.symbolic_trace(f), [base, base[:2]])
 
 
-@pytest.mark.parametrize("fn", [lambda x: torch.equal(x, x), lambda x: torch.nn.functional.one_hot(x)],
-                         ids=["equal", "one_hot_sized_by_max"])
+@pytest.mark.parametrize("fn", [lambda x: torch.equal(x, x), lambda x: torch.nn.functional.one_hot(x),
+                                lambda x: torch.tensor_split(x, x)],
+                         ids=["equal", "one_hot_sized_by_max", "tensor_split_at_tensor_indices"])
 def test_value_dependent_graph_is_refused(fn):
     with pytest.raises(AotUnsupported, match="depends on tensor values"):
         trace_aten(torch.fx.symbolic_trace(fn), [torch.tensor([0, 3, 1])])
