@@ -443,3 +443,78 @@ def test_break_inside_deep_call_chain(capsys):
     def level1(t):
         return level2(t * 1.5).sin()
     check_graphs(level1, torch.randn(4))
+
+
+def test_break_inside_enable_grad_within_no_grad(capsys):
+    def f(x):
+        with torch.no_grad():
+            a = x * 2
+            with torch.enable_grad():
+                b = x * 3
+                print("inner")
+                c = b * x
+            d = c * 2
+        return a.requires_grad, b.requires_grad, c.requires_grad, d.requires_grad, d
+    check_graphs(f, torch.randn(3, requires_grad=True))
+    assert torch.is_grad_enabled()
+
+
+def test_break_then_exception(capsys):
+    def f(x):
+        y = x + 1
+        print("before raising")
+        if y.shape[0] == 3:
+            raise RuntimeError("after the break")
+        return y
+    compiled = kiln.compile(f, backend=CompileCounter())
+    with pytest.raises(RuntimeError, match="after the break"):
+        compiled(torch.randn(3))
+
+
+def test_breaking_callee_called_twice(capsys):
+    def g(t):
+        t = t + 1
+        print("g")
+        return t * 2
+
+    def f(x):
+        return g(x) + g(x.sin())
+    counter = check_graphs(f, torch.randn(3))
+    assert counter.frame_count <= 6
+
+
+def test_recursion_with_break_at_each_level(capsys):
+    def r(x, n):
+        if n == 0:
+            return x
+        print("level", n)
+        return r(x * 2, n - 1) + 1
+    check_graphs(r, torch.randn(2), 3)
+    assert capsys.readouterr().out == "level 3\nlevel 2\nlevel 1\n" * 2
+
+
+def test_break_in_keyword_argument_of_module_call(capsys):
+    class M(torch.nn.Module):
+        def forward(self, x, scale=1.0):
+            return x * scale
+
+    model = M()
+
+    def f(x):
+        return model(x.cos(), scale=printing_identity(x.sum()))
+    check_graphs(f, torch.randn(3), graphs=2)
+
+
+def test_side_effects_in_breaking_callee_seen_by_caller(capsys):
+    def g(log, t):
+        log.append("start")
+        print(len(log))
+        log.append("end")
+        return t * len(log)
+
+    def f(x, log):
+        y = g(log, x + 1)
+        log.append(y.sum())
+        return y
+    check_graphs(f, torch.randn(3), ["seed"])
+    assert capsys.readouterr().out == "2\n2\n"

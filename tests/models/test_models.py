@@ -113,3 +113,18 @@ def test_gpt2_second_call_reuses_cache():
     with torch.no_grad():
         compiled(input_ids=ids, attention_mask=torch.ones_like(ids))
     assert counter.frame_count == first
+
+
+def test_transformer_encoder_layer_single_graph_like_torch_compile():
+    layer = encoder_layer(train=False)
+    counter = CompileCounter()
+    with torch.no_grad():
+        kiln.compile(layer, backend=counter)(torch.randn(2, 10, 32))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("build", [gpt2, bert], ids=["gpt2", "bert"])
+def test_hf_model_single_graph_like_torch_compile(build):
+    counter = CompileCounter()
+    run_hf(build(), counter)
+    assert counter.frame_count == 1
