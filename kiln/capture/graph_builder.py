@@ -97,11 +97,7 @@ class OutputGraph:
         g = self.guards if (guard and source is not None) else None
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
-        if is_constant(value) and type(value) is not torch.Size:
-            if g:
-                g.const_match(source, value)
-            return ConstantVariable(value, source)
-        if type(value) is torch.Size:
+        if is_constant(value):
             if g:
                 g.const_match(source, value)
             return ConstantVariable(value, source)
@@ -154,7 +150,7 @@ class OutputGraph:
         else:
             self.guards.tensor_match(source, value)
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
-        name = self._unique(_sanitize(repr(source)))
+        name = self._unique(_sanitize(repr(source).replace("G['__kiln_target__']", "self")))
         node = self._placeholder(name)
         node.meta["example_value"] = fake
         node.meta["source"] = repr(source)
@@ -343,7 +339,7 @@ def _node_name(target):
 
 
 def _sanitize(text):
-    text = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_")
+    text = re.sub(r"_+", "_", re.sub(r"[^0-9a-zA-Z_]+", "_", text)).strip("_")
     if not text or text[0].isdigit() or text in dir(builtins):
         text = "v_" + text
     return text

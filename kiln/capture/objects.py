@@ -1125,13 +1125,9 @@ def _b_len(frame, args, kwargs):
 def _b_isinstance(frame, args, kwargs):
     obj, classes = args
     cls = const_value(classes, "isinstance class")
-    t = obj.python_type()
-    if isinstance(obj, TensorVariable) and t is torch.Tensor:
-        return const(isinstance(torch.empty(0), cls) if not (isinstance(cls, type) and issubclass(cls, torch.nn.Parameter))
-                     else False)
     if isinstance(obj, (ObjectVariable, ConstantVariable)):
         return const(isinstance(obj.value, cls))
-    return const(issubclass(t, cls))
+    return const(issubclass(obj.python_type(), cls))
 
 
 def _b_type(frame, args, kwargs):

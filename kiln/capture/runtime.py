@@ -204,7 +204,7 @@ def optimize_function(fn, backend, fullgraph, dynamic=None):
             if e.check(F, L):
                 return e.run(F, L)
         return cache.miss(F, L, args, kwargs)
-    compiled._kiln_cache = cache
+    compiled._kiln_cache, compiled._kiln_fn = cache, fn
     return compiled
 
 

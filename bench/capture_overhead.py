@@ -1,0 +1,64 @@
+"""Per-call overhead of capture (backend "eager"): kiln vs torch.compile, in one process.
+
+    python bench/capture_overhead.py [--calls 20000]
+
+1. `x + 1` on a 10-element tensor: microseconds per call (eager, kiln, torch.compile).
+2. A 12-layer MLP module (Linear+ReLU x 12, no_grad): per call, and kiln's guard check alone.
+Timings are the best of several interleaved repeats; on a shared machine they are noisy.
+"""
+import argparse
+import time
+
+import torch
+
+import kiln
+
+
+def best_us(fn, arg, calls, repeats=7):
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(arg)
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def compare(label, eager, kiln_fn, torch_fn, arg, calls):
+    for fn in (eager, kiln_fn, torch_fn):  # warm up: compile, caches
+        for _ in range(50):
+            fn(arg)
+    times = {name: best_us(fn, arg, calls) for name, fn in
+             (("eager", eager), ("kiln", kiln_fn), ("torch.compile", torch_fn))}
+    print(f"{label}: " + ", ".join(f"{k} {v:.2f} us" for k, v in times.items()) +
+          f"  (kiln / torch.compile = {times['kiln'] / times['torch.compile']:.2f})")
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=20000)
+    calls = parser.parse_args().calls
+
+    def add_one(x):
+        return x + 1
+    x = torch.randn(10)
+    compare("x + 1, 10 elements", add_one, kiln.compile(add_one, backend="eager"),
+            torch.compile(add_one, backend="eager"), x, calls)
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(*[m for _ in range(12) for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())])
+    compiled = kiln.compile(mlp, backend="eager")
+    with torch.no_grad():
+        xm = torch.randn(4, 16)
+        compare("12-layer MLP, 4x16", mlp, compiled, torch.compile(mlp, backend="eager"), xm, calls // 10)
+        cache = compiled._compiled_call._kiln_cache
+        entry, F = cache.entries[0], compiled._compiled_call._kiln_fn
+        L = ((xm,), {})
+        assert entry.check(F, L)
+        guard = best_us(lambda L: entry.check(F, L), L, calls)
+        print(f"12-layer MLP guard check (kiln, {len(entry.guards)} guards): {guard:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
