@@ -1,0 +1,68 @@
+"""Training-step code inside the region: backward() and in-place parameter updates under no_grad.
+Gradients and parameters after the call equal eager's."""
+import copy
+
+import torch
+from torch import nn
+
+import kiln
+from tests.utils import CompileCounter
+
+
+def sgd_update(params, lr):
+    with torch.no_grad():
+        for p in params:
+            p.sub_(p.grad * lr)
+            p.grad.zero_()
+
+
+def train_step(model, x, lr=0.1):
+    loss = model(x).square().mean()
+    loss.backward()
+    sgd_update(list(model.parameters()), lr)
+    return loss.detach()
+
+
+def two_models():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    return model, copy.deepcopy(model)
+
+
+def assert_params_equal(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q)
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_compiled_sgd_update():
+    eager, model = two_models()
+    x = torch.randn(3, 4)
+    for m in (eager, model):
+        m(x).sum().backward()
+    sgd_update(list(eager.parameters()), 0.5)
+    kiln.compile(sgd_update, backend=CompileCounter())(list(model.parameters()), 0.5)
+    assert_params_equal(model, eager)
+
+
+def test_compiled_train_step_with_backward():
+    eager, model = two_models()
+    compiled = kiln.compile(train_step, backend=CompileCounter())
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(model, x), train_step(eager, x))
+    assert_params_equal(model, eager)
+
+
+def test_optimizer_step_outside_compiled_forward():
+    eager, model = two_models()
+    compiled = kiln.compile(model, backend=CompileCounter())
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_m = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        for m, opt in ((eager, opt_e), (compiled, opt_m)):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+    assert_params_equal(model, eager)
