@@ -372,3 +372,40 @@ def test_more_semantics_one_graph(fn):
 
 def test_class_defined_inside_region_with_diamond_mro():
     check_graphs(diamond_inheritance, torch.randn(3))
+
+
+class AttrDict(dict):
+    """A dict subclass with attribute access, like Hugging Face's ModelOutput."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class TensorList(list):
+    def total(self):
+        return sum(self)
+
+
+def dict_subclass_output(x):
+    out = AttrDict(hidden=x * 2)
+    out["logits"] = out.hidden.sum(-1)
+    return out
+
+
+def list_subclass_methods(x):
+    items = TensorList([x, x + 1])
+    items.append(x * 3)
+    return items.total(), len(items)
+
+
+@pytest.mark.parametrize("fn", [dict_subclass_output, list_subclass_methods], ids=lambda f: f.__name__)
+def test_container_subclasses_one_graph(fn):
+    check_graphs(fn, torch.randn(2, 3), graphs=1)
+
+
+def test_dict_subclass_returned_keeps_its_type():
+    out = kiln.compile(dict_subclass_output, backend=CompileCounter())(torch.ones(2, 3))
+    assert type(out) is AttrDict and list(out) == ["hidden", "logits"]
