@@ -253,13 +253,28 @@ def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
         tangents = [torch.empty_like(r, memory_format=torch.contiguous_format)
                     for r, d in zip(_forward_results(flat_graph, sig, fakes), sig.differentiable) if d]
         with_autograd = make_fx(joint_fn, decomposition_table=decompositions)(*fakes, *tangents)
-        with torch.no_grad():
-            functional = make_fx(torch.func.functionalize(with_autograd, remove="mutations"),
-                                 decomposition_table=decompositions)(*_detached(fakes), *tangents)
+        args = (*_detached(fakes), *tangents)
+        functional = _functionalize(with_autograd, args, decompositions)
+        if _writes_intermediates(functional):
+            # a decomposition applied during functionalization may itself write in place
+            functional = _functionalize(functional, args, decompositions)
     _drop_input_write_backs(functional, sig.mutated)
     if enabled("aot"):
         log("aot", "joint graph:\n%s", functional.code)
     return functional
+
+
+def _functionalize(gm, args, decompositions):
+    with torch.no_grad():
+        return make_fx(torch.func.functionalize(gm, remove="mutations"),
+                       decomposition_table=decompositions)(*args)
+
+
+def _writes_intermediates(gm):
+    """Whether an in-place op other than the final write-back of an input is in the graph."""
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+               and not (n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder")
+               for n in gm.graph.nodes)
 
 
 def _forward_results(flat_graph, sig, primals):
@@ -305,11 +320,8 @@ def _drop_input_write_backs(gm, mutated):
 def _compile_graph(gm, example_inputs, options, inner):
     """A functional aten graph -> callable(*flat inputs) -> tuple."""
     if inner == "cpp":
-        import kiln.compiler
-        compile_aten = getattr(kiln.compiler, "compile_aten", None)
-        if compile_aten is not None:
-            return compile_aten(gm, example_inputs, options)
-        log("perf_hints", "compile_aten not available: training graph runs as an fx graph")
+        from kiln.compiler import compile_aten
+        return compile_aten(gm, example_inputs, options)
     return gm.forward
 
 
