@@ -127,3 +127,18 @@ def test_fullgraph_decorator_form():
 
     with pytest.raises(kiln.Unsupported):
         f(torch.randn(2))
+
+
+def single_graph_programs():
+    """Every one-graph program of the other capture test files, for a fullgraph=True sweep."""
+    from tests.capture import test_classes, test_control_flow, test_functions, test_python_values, test_tensors
+    programs = [(fn, n) for fn, n in test_python_values.CASES]
+    programs += [(fn, 1) for mod in (test_control_flow, test_functions, test_classes, test_tensors)
+                 for fn in mod.CASES]
+    return [pytest.param(fn, n, id=f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}") for fn, n in programs]
+
+
+@pytest.mark.parametrize("fn, n_tensors", single_graph_programs())
+def test_fullgraph_sweep(fn, n_tensors):
+    shape = (4, 3) if fn.__module__.endswith("test_tensors") else (3, 4)
+    check_graphs(fn, *[torch.randn(*shape) for _ in range(n_tensors)], graphs=1, fullgraph=True)
