@@ -9,7 +9,7 @@ import types
 
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
-from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable,
+from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, FreshObjectVariable,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SymNodeVariable, TensorVariable, TupleVariable)
 from kiln.capture.objects import specialize
@@ -84,6 +84,9 @@ class Glue:
             return f"{self.const(var.cls, 'CLS')}(({items}{',' if len(var.items) == 1 else ''}))"
         if isinstance(var, SetVariable):
             return "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
+        if isinstance(var, DataDictVariable):
+            args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())
+            return f"{self.const(var.cls, 'CLS')}({args})"
         if isinstance(var, DictVariable):
             body = "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in var.items.items()) + "}"
             if var.cls is dict:

@@ -5,6 +5,7 @@ at capture time without guessing raises Unsupported (a graph break, or an error 
 """
 import builtins
 import collections
+import dataclasses
 import functools
 import inspect
 import math
@@ -16,7 +17,7 @@ import torch
 from kiln.capture import interpreter as interp
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
-from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                                     ListVariable, MethodVariable, NullVariable, ObjectVariable, SetVariable,
                                     SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const,
@@ -315,6 +316,8 @@ def getitem(frame, obj, key):
             return obj.items[k]
         except (IndexError, TypeError) as e:
             raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+    if isinstance(obj, DataDictVariable) and not isinstance(const_value(key, "index"), str):
+        return getitem(frame, make_tuple(list(obj.items.values())), key)  # ModelOutput: to_tuple()[i]
     if isinstance(obj, DictVariable):
         k = dict_key(key)
         if k not in obj.items:
@@ -369,6 +372,8 @@ def setitem(frame, obj, key, value):
         return
     if isinstance(obj, DictVariable):
         obj.items[dict_key(key)] = value
+        if isinstance(obj, DataDictVariable):
+            obj.fields[dict_key(key)] = value
         og.side_effects.mark_mutated(obj)
         return
     raise Unsupported(f"item assignment on {describe(obj)}")
@@ -441,6 +446,11 @@ def getattr_var(frame, obj, name):
             return result_var(og, getattr(obj.value, name))
         except AttributeError as e:
             raise Unsupported(f"AttributeError: {e}") from e
+    if isinstance(obj, DataDictVariable):
+        if name in obj.fields:
+            return obj.fields[name]
+        if isinstance(inspect.getattr_static(obj.cls, name, None), (types.FunctionType, property, classmethod)):
+            return _class_attr(frame, obj, obj.cls, name)
     if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         if name in ("__class__",):
             return og.wrap(obj.python_type(), None, guard=False)
@@ -737,10 +747,19 @@ def _is_torch_op(fn):
     return isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
 
 
+# "Am I being compiled?" queries. Libraries (transformers, torchvision) take compile-friendly paths
+# when these say yes, and capture is compiling; they are matched by name so kiln never imports
+# torch's own compiler package.
+_COMPILING_QUERIES = {("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
+                      ("torch._dynamo.external_utils", "is_compiling"), ("torch._utils", "is_compiling")}
+
+
 def _call_torch(frame, fn, args, kwargs):
     og = frame.og
     if fn is torch.is_grad_enabled:
         return const(og.grad_enabled)
+    if (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) in _COMPILING_QUERIES:
+        return const(True)
     name = getattr(fn, "__name__", "")
     has_tensor = any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs))
     if not has_tensor and any(w in name.lower() for w in _STATEFUL_WORDS):
@@ -877,6 +896,8 @@ def _construct(frame, cls_var, cls, args, kwargs):
         if set(values) != set(cls._fields):
             raise Unsupported(f"bad arguments to namedtuple {cls.__qualname__}")
         return TupleVariable([values[f] for f in cls._fields], cls=cls)
+    if _is_model_output(cls):
+        return _model_output(frame, cls, args, kwargs)
     if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
         raise Unsupported(f"constructing {cls.__qualname__}")
     if cls.__new__ is not object.__new__ or _python_dunder(cls, "__setattr__"):
@@ -888,6 +909,30 @@ def _construct(frame, cls_var, cls, args, kwargs):
     elif args or kwargs:
         raise Unsupported(f"constructing {cls.__qualname__} with arguments")
     return obj
+
+
+def _is_model_output(cls):
+    return dataclasses.is_dataclass(cls) and issubclass(cls, dict) and \
+        any(c.__name__ == "ModelOutput" and c.__module__.startswith("transformers") for c in cls.__mro__)
+
+
+def _model_output(frame, cls, args, kwargs):
+    """transformers' ModelOutput(...): its __post_init__ keys the fields that are not None."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if len(args) > len(fields) or any(k not in fields for k in kwargs):
+        raise Unsupported(f"unexpected arguments to {cls.__qualname__}")
+    values = dict(zip(fields, args))
+    values.update(kwargs)
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            if f.default is dataclasses.MISSING:
+                raise Unsupported(f"{cls.__qualname__} needs field {f.name}")
+            values[f.name] = wrap_const(frame.og, f.default)
+    first = values[fields[0]]
+    others_none = all(isinstance(values[f], ConstantVariable) and values[f].value is None for f in fields[1:])
+    if others_none and not isinstance(first, TensorVariable):
+        raise Unsupported(f"{cls.__qualname__} built from a mapping or iterator")
+    return DataDictVariable(cls, {f: values[f] for f in fields})
 
 
 def _set_grad_enabled(frame, args, kwargs):

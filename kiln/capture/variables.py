@@ -155,6 +155,16 @@ class DictVariable(Variable):
         return self.cls
 
 
+class DataDictVariable(DictVariable):
+    """A new instance of a dataclass that is also a dict (transformers' ModelOutput): keys are the fields
+    that are not None, and every field is also an attribute. Rebuilt as `cls(**fields)`."""
+
+    def __init__(self, cls, fields):
+        super().__init__({k: v for k, v in fields.items() if not (isinstance(v, ConstantVariable) and v.value is None)},
+                         cls=cls)
+        self.fields = fields
+
+
 class FunctionVariable(Variable):
     """A function object created during capture by MAKE_FUNCTION."""
 
