@@ -345,6 +345,8 @@ class KernelWriter:
         lines += self.pointer_lines()
         work = int(k.numel * k.rnumel) if (k.numel * k.rnumel).is_number else self.min_work
         parallel = work >= self.min_work and self.threads > 1 and (k.numel != 1 or k.rnumel == 1)
+        # one big reduction (x.sum()): the threads split the reduction loop instead
+        self.split_reduction = work >= self.min_work and self.threads > 1 and k.numel == 1
         body_indent = 2 + len(outer)
         body = []
         self.locals = {}
@@ -470,9 +472,14 @@ class KernelWriter:
             body += loop_lines
             body.append(f"{pad}}}")
         else:
+            split = self.split_reduction and simd_ok
             for i, s in enumerate(self.inner):
                 ipad = "  " * (indent + i)
-                if i == len(self.inner) - 1 and simd_ok:
+                innermost = i == len(self.inner) - 1
+                if i == 0 and split:
+                    kind = "parallel for simd" if innermost else "parallel for"
+                    body.append(f"{ipad}#pragma omp {kind} num_threads({self.threads}) " + " ".join(clauses))
+                elif innermost and simd_ok:
                     body.append(f"{ipad}#pragma omp simd " + " ".join(c for c in clauses if c))
                 body.append(f"{ipad}for (int64_t r{i} = 0; r{i} < {cindex(s)}; ++r{i}) {{")
             body += loop_lines
