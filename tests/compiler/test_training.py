@@ -451,7 +451,8 @@ def test_inplace_through_views_of_inputs(inner):
         a[1:].mul_(w[1:])            # a slice of an input that requires grad (a non-leaf)
         buf[0].add_(a.detach()[0])   # a row of a buffer
         return (a * buf).sum()
-    leaf, w, buf = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True), torch.randn(4, 3)
+    leaf, w = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    buf = torch.randn(4, 3)
     compiled = compile_for_training(torch.fx.symbolic_trace(f), [leaf * 1, w, buf], inner)
     results = []
     for fn in (f, compiled):
