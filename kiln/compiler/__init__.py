@@ -43,7 +43,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         log("perf_hints", "graph computes sizes from tensor data (.item(), nonzero, ...): runs through aten")
         return _inspectable(lambda *args: tuple(aten_gm(*args)), [], "", "", ["<whole graph>"])
     graph = GraphLowering(aten_gm, example_inputs, options).run()
-    program = build_program(graph)
+    program = build_program(graph, options)
     offsets, ws_size = workspace_plan(program)
     source, entries = cpp.generate(program, offsets, options)
     lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None

@@ -268,8 +268,11 @@ def _fits(kernel, node):
     return None
 
 
-def try_fuse(kernel, node):
+def try_fuse(kernel, node, epilogue_fusion=True):
     """Add `node` to `kernel` if legal (see the module doc); returns whether it did."""
+    if not epilogue_fusion and not node.is_reduction and any(
+            n.is_reduction and n.name in node.reads for n in kernel.nodes):
+        return False
     group = _fits(kernel, node)
     if group is None:
         return False
@@ -306,7 +309,7 @@ class Program:
     readers: dict                # name -> set of step indices that read it
 
 
-def build_program(graph) -> Program:
+def build_program(graph, options=None) -> Program:
     nodes = {b.name: trace(b) for b in graph.buffers if isinstance(b, ir.ComputedBuffer)}
     live = _live_buffers(graph, nodes)
     steps, current = [], None
@@ -316,7 +319,7 @@ def build_program(graph) -> Program:
             continue
         if isinstance(buf, ir.ComputedBuffer):
             node = nodes[buf.name]
-            if current is None or not try_fuse(current, node):
+            if current is None or not try_fuse(current, node, (options or {}).get("epilogue_fusion", True)):
                 current = Kernel(f"kernel{len(steps)}", [node], node.numel, node.rnumel)
                 steps.append(current)
         elif isinstance(buf, ir.ExternBuffer) and buf.call.name not in extern_seen:

@@ -50,6 +50,13 @@ def test_layer_norm_is_at_most_two_kernels():
     assert not c.kiln_fallbacks
 
 
+def test_epilogue_fusion_option_keeps_consumers_out_of_reductions():
+    x = torch.randn(32, 100)
+    fused = check(lambda x: torch.softmax(x, -1), x)
+    apart = check(lambda x: torch.softmax(x, -1), x, epilogue_fusion=False)
+    assert len(kernels(apart)) > len(kernels(fused))
+
+
 def test_layer_norm_gelu_residual_fuses():
     x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
     c = check(lambda x, w, b: F.gelu(F.layer_norm(x, (64,), w, b)) + x, x, w, b, rtol=1e-4)
