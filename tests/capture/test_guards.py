@@ -499,3 +499,49 @@ def test_hook_with_kwargs_honoured():
     compiled, counter = compiled_counting(model)
     check(compiled, model, torch.randn(2, 4))
     assert counter.frame_count == 1
+
+
+def test_instance_forward_replaced_between_calls():
+    model = Scaled()
+    compiled, counter = compiled_counting(model)
+    x = torch.randn(2, 4)
+    check(compiled, model, x)
+    model.forward = lambda t: t * 100
+    torch.testing.assert_close(compiled(x), x * 100)
+
+
+class ScaleHook:
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __call__(self, module, args, out):
+        return out * self.scale
+
+
+def test_stateful_hook_object_change_not_stale():
+    model = nn.Linear(4, 4)
+    hook = ScaleHook(2.0)
+    model.register_forward_hook(hook)
+    compiled, counter = compiled_counting(model)
+    x = torch.randn(2, 4)
+    check(compiled, model, x)
+    hook.scale = -5.0
+    check(compiled, model, x)
+
+
+def test_buffer_replaced_not_stale():
+    class WithOffset(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("offset", torch.zeros(4))
+
+        def forward(self, x):
+            return x + self.offset
+    model = WithOffset()
+    compiled, counter = compiled_counting(model)
+    x = torch.randn(2, 4)
+    check(compiled, model, x)
+    model.register_buffer("offset", torch.full((4,), 3.0))
+    check(compiled, model, x)
+    model.offset = torch.full((2, 4), -1.0)
+    check(compiled, model, x)

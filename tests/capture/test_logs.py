@@ -81,3 +81,19 @@ def test_eager_fallback_for_generator_logs_reason(kiln_logs, caplog):
         out = list(kiln.compile(gen, backend="eager")(torch.ones(2)))
     torch.testing.assert_close(out[0], torch.full((2,), 2.0))
     assert "generator" in caplog.text and "gen" in caplog.text
+
+
+def test_guards_artifact_lists_guards_on_the_input(kiln_logs, caplog):
+    kiln_logs("guards")
+    with caplog.at_level("DEBUG", logger="kiln"):
+        kiln.compile(uses_scale, backend="eager")(torch.randn(3))
+    assert "x" in caplog.text and "SCALE" in caplog.text
+
+
+def test_graph_artifact_shows_the_ops(kiln_logs, caplog):
+    def sin_then_cos(x):
+        return torch.cos(torch.sin(x))
+    kiln_logs("graph")
+    with caplog.at_level("DEBUG", logger="kiln"):
+        kiln.compile(sin_then_cos, backend="eager")(torch.randn(3))
+    assert "sin" in caplog.text and "cos" in caplog.text
