@@ -67,6 +67,7 @@ class OutputGraph:
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
         self.dynamic_dims = dynamic_dims or (lambda source, t: ())
         self.dynamic_inputs = []  # (fake, ShapeSource)
+        self.dynamic_input_dims = {}  # id(fake) -> dims made symbolic
         self.guards = GuardSet()
         self.side_effects = SideEffects()
         self.inputs = []  # (source, real tensor, node) in placeholder order
@@ -147,6 +148,7 @@ class OutputGraph:
                                                           for d in range(value.dim())])
             fake = self.fake_mode.from_tensor(value, symbolic_context=ctx, source=shape_source)
             self.dynamic_inputs.append((fake, shape_source))
+            self.dynamic_input_dims[id(fake)] = dims
         else:
             self.guards.tensor_match(source, value)
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
@@ -271,7 +273,16 @@ def shape_guards(og):
     if not og.dynamic_inputs:
         return []
     fakes, sources = zip(*og.dynamic_inputs)
-    return og.shape_env.produce_guards(list(fakes), list(sources))
+    guards = list(og.shape_env.produce_guards(list(fakes), list(sources)))
+    # sizes the code turned into Python ints (int(x.size(0)), a size returned) are pinned to that value;
+    # produce_guards leaves these out, so they are added here
+    for fake, source in og.dynamic_inputs:
+        if isinstance(fake, torch.Tensor):
+            for d in sorted(og.dynamic_input_dims[id(fake)]):
+                size = fake.shape[d]
+                if isinstance(size, int) or size.node.expr.is_number:
+                    guards.append(f"{source.name}.size()[{d}] == {int(size)}")
+    return guards
 
 
 def _is_library_object(value):
