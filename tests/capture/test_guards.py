@@ -545,3 +545,76 @@ def test_buffer_replaced_not_stale():
     check(compiled, model, x)
     model.offset = torch.full((2, 4), -1.0)
     check(compiled, model, x)
+
+
+GLOBAL_LIST = [1.0, 2.0]
+GLOBAL_DICT = {"scale": 2.0}
+
+
+class Config:
+    factor = 2.0
+
+
+def reads_global_containers(x):
+    return x * GLOBAL_LIST[1] + GLOBAL_DICT["scale"]
+
+
+def reads_class_attribute(x):
+    return x * Config.factor
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda: GLOBAL_LIST.__setitem__(1, 7.0),
+    lambda: GLOBAL_LIST.append(3.0) or GLOBAL_LIST.pop(0),
+    lambda: GLOBAL_DICT.__setitem__("scale", -4.0),
+], ids=["list_item", "list_shifted", "dict_value"])
+def test_mutated_global_container_not_stale(mutate, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "GLOBAL_LIST", list(GLOBAL_LIST))
+    monkeypatch.setattr(sys.modules[__name__], "GLOBAL_DICT", dict(GLOBAL_DICT))
+    compiled, counter = compiled_counting(reads_global_containers)
+    x = torch.randn(3)
+    check(compiled, reads_global_containers, x)
+    mutate()
+    check(compiled, reads_global_containers, x)
+
+
+def test_class_attribute_change_not_stale(monkeypatch):
+    compiled, counter = compiled_counting(reads_class_attribute)
+    x = torch.randn(3)
+    check(compiled, reads_class_attribute, x)
+    monkeypatch.setattr(Config, "factor", 9.0)
+    check(compiled, reads_class_attribute, x)
+
+
+def test_defaults_replaced_not_stale():
+    def f(x, k=2.0):
+        return x * k
+    compiled, counter = compiled_counting(f)
+    x = torch.randn(3)
+    check(compiled, f, x)
+    f.__defaults__ = (5.0,)
+    check(compiled, f, x)
+
+
+def test_closure_list_mutated_not_stale():
+    scales = [1.0]
+
+    def f(x):
+        return x * scales[-1]
+    compiled, counter = compiled_counting(f)
+    x = torch.randn(3)
+    check(compiled, f, x)
+    scales.append(6.0)
+    check(compiled, f, x)
+
+
+def test_nested_object_state_change_not_stale():
+    outer = Holder(Holder({"k": 2.0}))
+
+    def f(x, h):
+        return x * h.scale.scale["k"]
+    compiled, counter = compiled_counting(f)
+    x = torch.randn(3)
+    check(compiled, f, x, outer)
+    outer.scale.scale["k"] = 11.0
+    check(compiled, f, x, outer)
