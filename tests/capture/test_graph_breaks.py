@@ -518,3 +518,30 @@ def test_side_effects_in_breaking_callee_seen_by_caller(capsys):
         return y
     check_graphs(f, torch.randn(3), ["seed"])
     assert capsys.readouterr().out == "2\n2\n"
+
+
+def test_item_value_carried_into_resume_not_stale():
+    def f(x):
+        k = int(x.argmax().item())
+        return x * k + k
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter)
+    for hot in (0, 2, 1, 2):
+        x = torch.zeros(3)
+        x[hot] = 1.0
+        torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_python_state_read_after_break_not_stale(capsys):
+    settings = {"scale": 1.0}
+
+    def f(x):
+        y = x + 1
+        print("break")
+        return y * settings["scale"]
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter)
+    x = torch.randn(3)
+    for scale in (1.0, 3.0, -2.0):
+        settings["scale"] = scale
+        torch.testing.assert_close(compiled(x), f(x))
