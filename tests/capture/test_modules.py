@@ -400,3 +400,40 @@ def test_python_list_attribute_changed_between_calls():
     torch.testing.assert_close(compiled(x), model(x))
     model.skip.append("lin")
     torch.testing.assert_close(compiled(x), x)
+
+
+class WalksModules(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.2), nn.Linear(8, 8))
+
+    def forward(self, x):
+        n_dropout = sum(isinstance(m, nn.Dropout) for m in self.modules())
+        names = [name for name, _ in self.named_modules()]
+        n_buffers = len(list(self.named_buffers()))
+        return self.body(x) * n_dropout + len(names) + n_buffers
+
+
+def test_modules_and_named_modules_inside_forward():
+    model = WalksModules().eval()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+
+
+def test_lazy_submodule_created_in_forward():
+    class Lazy(nn.Module):
+        def forward(self, x):
+            if not hasattr(self, "proj"):
+                self.proj = nn.Linear(x.shape[-1], 2)
+            return self.proj(x)
+    torch.manual_seed(0)
+    model = Lazy()
+    compiled = kiln.compile(model, backend=CompileCounter())
+    x = torch.randn(3, 5)
+    out = compiled(x)
+    assert isinstance(model.proj, nn.Linear)
+    torch.testing.assert_close(out, model(x))
+

@@ -409,3 +409,17 @@ def test_container_subclasses_one_graph(fn):
 def test_dict_subclass_returned_keeps_its_type():
     out = kiln.compile(dict_subclass_output, backend=CompileCounter())(torch.ones(2, 3))
     assert type(out) is AttrDict and list(out) == ["hidden", "logits"]
+
+
+def test_exception_from_inlined_call_caught_in_region():
+    def g(t):
+        if t.dim() == 1:
+            raise KeyError("one dim")
+        return t
+
+    def f(x):
+        try:
+            return g(x) * 2
+        except KeyError:
+            return x + 1
+    check_graphs(f, torch.randn(3), graphs=1)
