@@ -550,6 +550,8 @@ def _object_attr(frame, obj, name, plain=False):
     is_data_descriptor = cls_attr is not _NO and hasattr(type(cls_attr), "__set__")
     if isinstance(inst_dict, dict) and name in inst_dict and not is_data_descriptor:
         return og.wrap(inst_dict[name], AttrSource(source, name) if source else None, guard=source is not None)
+    if isinstance(inst_dict, dict) and source is not None and not is_data_descriptor:
+        og.guards.add(source, f"{name!r} not in v.__dict__", f"{source!r}.{name} comes from its class")
     return _class_attr(frame, obj, type(value), name)
 
 
@@ -719,12 +721,13 @@ def call_python_function(frame, fn, args, kwargs):
         return _call_torch(frame, fn, args, kwargs)
     og = frame.og
     defaults = None
+    # defaults are reloaded through the function object, so `fn.__defaults__ = ...` is seen by the guards
     if fn.__defaults__:
-        src = ConstSource(fn.__defaults__)
+        src = AttrSource(ConstSource(fn), "__defaults__")
         defaults = [og.wrap(d, ItemSource(src, i)) for i, d in enumerate(fn.__defaults__)]
     kwdefaults = None
     if fn.__kwdefaults__:
-        src = ConstSource(fn.__kwdefaults__)
+        src = AttrSource(ConstSource(fn), "__kwdefaults__")
         kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
     cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())]
     return interp.inline_call(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
@@ -957,19 +960,24 @@ def call_module(frame, mod_var, args, kwargs):
     if mod._backward_hooks or mod._backward_pre_hooks:
         raise Unsupported("module backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks
+    if "forward" in mod.__dict__:
+        raise Unsupported("a module whose instance overrides forward")
     if not (pre or post):  # the common case: one guard
         og.guards.add(mod_var.source, "not (v._forward_hooks or v._forward_pre_hooks or v._backward_hooks or "
-                                      "v._backward_pre_hooks)", f"{mod_var.source!r} has no hooks")
+                                      "v._backward_pre_hooks) and 'forward' not in v.__dict__",
+                      f"{mod_var.source!r} has no hooks and the class's forward")
     else:
-        og.guards.add(mod_var.source, "not (v._backward_hooks or v._backward_pre_hooks)",
-                      f"{mod_var.source!r} has no backward hooks")
+        og.guards.add(mod_var.source, "not (v._backward_hooks or v._backward_pre_hooks) and "
+                                      "'forward' not in v.__dict__", f"{mod_var.source!r} has no backward hooks")
         for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
             vals = og.guards.const(tuple(getattr(mod, name).items()), "HOOKS")
             og.guards.add(mod_var.source, f"tuple(v.{name}.items()) == {vals}", f"{mod_var.source!r}.{name} unchanged")
     args = list(args)
+    def hook_var_of(store, hook_id):  # hooks are reloaded by source, so a stateful hook object is guarded
+        return og.wrap(getattr(mod, store)[hook_id], ItemSource(AttrSource(mod_var.source, store), hook_id))
     for hook_id, hook in pre.items():
-        hook_var = og.wrap(hook, None, guard=False)
+        hook_var = hook_var_of("_forward_pre_hooks", hook_id)
         if hook_id in mod._forward_pre_hooks_with_kwargs:
             res = call(frame, hook_var, [mod_var, TupleVariable(args), DictVariable(kwargs)], {})
             if not is_same(res, const(None)):
@@ -983,7 +991,7 @@ def call_module(frame, mod_var, args, kwargs):
     forward = getattr_var(frame, mod_var, "forward")
     result = call(frame, forward, args, kwargs)
     for hook_id, hook in post.items():
-        hook_var = og.wrap(hook, None, guard=False)
+        hook_var = hook_var_of("_forward_hooks", hook_id)
         if hook_id in mod._forward_hooks_with_kwargs:
             res = call(frame, hook_var, [mod_var, TupleVariable(args), DictVariable(kwargs), result], {})
         else:

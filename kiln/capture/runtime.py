@@ -199,6 +199,9 @@ def optimize_function(fn, backend, fullgraph, dynamic=None):
     F = fn
 
     def compiled(*args, **kwargs):
+        nonlocal binder
+        if binder.__defaults__ is not F.__defaults__ or binder.__kwdefaults__ is not F.__kwdefaults__:
+            binder = make_binder(F)  # the user replaced the defaults
         L = binder(*args, **kwargs)
         for e in entries:
             if e.check(F, L):
