@@ -618,3 +618,24 @@ def test_nested_object_state_change_not_stale():
     check(compiled, f, x, outer)
     outer.scale.scale["k"] = 11.0
     check(compiled, f, x, outer)
+
+
+def test_cache_limit_reached_by_global_changes_never_stale(monkeypatch):
+    compiled, counter = compiled_counting(uses_global_scale)
+    x = torch.randn(3)
+    with kiln.config.patch(cache_size_limit=2), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for scale in (1.0, 2.0, 3.0, 4.0, 1.0, 5.0):
+            monkeypatch.setattr(sys.modules[__name__], "SCALE", scale)
+            check(compiled, uses_global_scale, x)
+    assert counter.frame_count == 2
+
+
+def test_long_unrolled_loop_one_graph():
+    def f(x):
+        for i in range(100):
+            x = x + i
+        return x
+    compiled, counter = compiled_counting(f)
+    check(compiled, f, torch.randn(3))
+    assert counter.frame_count == 1 and counter.op_count == 100
