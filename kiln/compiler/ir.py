@@ -21,6 +21,9 @@ import torch
 
 # dtypes computed in float inside kernels (loaded and stored with a conversion)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# dtypes generated kernels read and write; ops on other dtypes run through aten
+KERNEL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                 torch.bool) + HALF_DTYPES
 
 
 def compute_dtype(dtype):

@@ -104,7 +104,11 @@ class GraphLowering(LoweringContext):
 
     def must_fall_back(self, node):
         # random ops run through aten: correct distributions, and bit-identical to eager under a seed
-        return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+        if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
+            return True
+        # kernels handle the dtypes C++ has a type for (no complex, float8, unsigned > 8 bits)
+        tensors = [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
+        return any(isinstance(t, torch.Tensor) and t.dtype not in ir.KERNEL_DTYPES for t in tensors)
 
     def lookup(self, a):
         return self.env[a] if isinstance(a, torch.fx.Node) else a
