@@ -58,7 +58,7 @@ class _JointView:
     """The joint graph's nodes sorted by role."""
 
     def __init__(self, joint, num_primals, num_forward_outputs, unsaveable):
-        self.graph = joint.graph
+        self.module, self.graph = joint, joint.graph
         placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
         self.primals, self.tangents = placeholders[:num_primals], placeholders[num_primals:]
         self.unsaveable = {self.primals[i] for i in unsaveable}
@@ -175,26 +175,27 @@ def _returns_view(node):
 
 def _forward_graph(j, saved):
     """primals -> (*forward_outputs, *saved)."""
-    return _extract(j.graph, inputs=j.primals, outputs=j.forward_outputs + saved)
+    return _extract(j.module, inputs=j.primals, outputs=j.forward_outputs + saved)
 
 
 def _backward_graph(j, saved):
     """(*saved, *tangents) -> gradients; recomputes whatever it needs that was not saved."""
-    gm = _extract(j.graph, inputs=saved + j.tangents, outputs=j.gradients)
+    gm = _extract(j.module, inputs=saved + j.tangents, outputs=j.gradients)
     leaked = [n.name for n in gm.graph.nodes if n.op == "placeholder"][len(saved) + len(j.tangents):]
     assert not leaked, f"partition bug: backward reads unsaved forward inputs {leaked}"
     return gm
 
 
-def _extract(graph, inputs, outputs):
-    """A new GraphModule computing `outputs` from `inputs`, copying the nodes between them."""
+def _extract(module, inputs, outputs):
+    """A new GraphModule computing `outputs` from `inputs`, copying the nodes between them (and
+    the constants they read from `module`)."""
     new = fx.Graph()
     env = {}
     for n in inputs:
         env[n] = new.placeholder(n.name)
         env[n].meta = dict(n.meta)
     needed = _ancestors((o for o in outputs if isinstance(o, fx.Node)), stop=set(inputs))
-    for n in graph.nodes:
+    for n in module.graph.nodes:
         if n in env or n not in needed:
             continue
         if n.op == "placeholder":  # an input the caller did not provide: caught by the caller
@@ -203,7 +204,7 @@ def _extract(graph, inputs, outputs):
             env[n] = new.node_copy(n, env.__getitem__)
         env[n].meta = dict(n.meta)
     new.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
-    return fx.GraphModule(torch.nn.Module(), new)
+    return fx.GraphModule(module, new)
 
 
 def _ancestors(nodes, stop=frozenset()):

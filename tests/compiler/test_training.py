@@ -462,3 +462,15 @@ def test_inplace_through_views_of_inputs(inner):
         (loss + a.sum()).backward()
         results.append((loss, a, buf_c, leaf_c.grad, w_c.grad))
     torch.testing.assert_close(results[1], results[0])
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_tensor_constants_created_inside_the_graph(inner):
+    """make_fx turns a tensor the graph creates from Python values (torch.tensor) into a constant
+    attribute of the traced graph; the forward and backward graphs must keep it."""
+    graph = torch.fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    scale = graph.call_function(torch.tensor, (3.0,))
+    graph.output(graph.call_function(torch.mul, (graph.call_function(torch.mul, (x, w)), scale)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    run_both(gm, [torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)], inner)

@@ -155,3 +155,21 @@ def test_train_then_evaluate_under_no_grad_then_train(backend):
             torch.testing.assert_close(p.grad, q.grad)
         for b, c in zip(model.buffers(), reference.buffers()):
             torch.testing.assert_close(b, c)
+
+
+def test_hugging_face_gpt2_training_step():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 8))
+    loss = kiln.compile(model)(ids, labels=ids).loss
+    expected = reference(ids, labels=ids).loss
+    assert compiled_by_kiln(loss)
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    expected.backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"grad of {name}")
