@@ -2,7 +2,8 @@
 
 `KILN_TEST_PEER=torch python -m pytest tests/capture tests/models` runs every test against
 torch.compile instead of kiln, to prove the tests themselves right. Tests of kiln-only API
-(KILN_LOGS output, kiln's warnings) carry the `kiln_only` marker and are skipped under the peer;
+(KILN_LOGS output, kiln's warnings) carry the `kiln_only` marker and are skipped under the peer, as
+are kiln's internal tests (tests/capture/internal);
 tests where torch.compile itself disagrees with eager carry `torch_differs(reason)` and are
 expected to fail under the peer.
 """
@@ -30,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
     if not PEER:
         return
     for item in items:
-        if item.get_closest_marker("kiln_only"):
+        if item.get_closest_marker("kiln_only") or "internal" in item.path.parts:
             item.add_marker(pytest.mark.skip(reason="kiln-only API, not comparable with the torch peer"))
         differs = item.get_closest_marker("torch_differs")
         if differs:
