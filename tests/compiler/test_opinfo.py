@@ -12,6 +12,7 @@ At the end the sweep prints "opinfo sweep: lowered N / fallback M / failing K"; 
 KILN_OPINFO_REPORT=path.json to also write the per-op outcome. KILN_OPINFO_INNER=eager runs the
 aot step alone (aten graphs executed by torch), to tell aot bugs from lowering bugs.
 """
+import collections
 import dataclasses
 import json
 import os
@@ -32,8 +33,8 @@ DTYPES = (torch.float32, torch.int64)
 SAMPLES_PER_OP = 2
 BATCH = 16  # cases per compiled graph: one C++ build for many ops keeps the sweep in budget
 WHOLE_GRAPH = "<whole graph>"  # in kiln_fallbacks: the compiler ran the whole graph eagerly
-# OpInfo compares with assert_close's defaults for the dtype (float32: rtol 1.3e-6, atol 1e-5).
-TOLERANCE = {}
+# Values are compared as OpInfo does, with assert_close's defaults for the dtype (float32: rtol
+# 1.3e-6, atol 1e-5; integers exact).
 
 
 def op_key(op):
@@ -164,11 +165,11 @@ def eager_reference(call):
 
 # ---- comparison --------------------------------------------------------------------------------
 
-def mismatch(actual, expected, values_comparable, tolerance):
+def mismatch(actual, expected, values_comparable):
     """None when `actual` matches eager's `expected`, else what differs."""
     try:
         if values_comparable:
-            torch.testing.assert_close(actual, expected, equal_nan=True, **tolerance)
+            torch.testing.assert_close(actual, expected, equal_nan=True)
             return None
         actual_leaves, actual_spec = pytree.tree_flatten(actual)
         expected_leaves, expected_spec = pytree.tree_flatten(expected)
@@ -255,12 +256,11 @@ def check_together(cases):
         half = len(cases) // 2
         return {**check_together(cases[:half]), **check_together(cases[half:])}
     verdicts = {}
-    fallback_cases = cases_with_fallbacks(compiled, cases)
+    fallbacks, unsure = fallbacks_by_case(compiled, cases)
     for case, case_outputs, case_args in split_by_case(cases, outputs, args):
         problem = None
         for reference, output, after in zip(case.samples, case_outputs, case_args):
-            problem = problem or mismatch((output, after), reference.state, reference.values_comparable,
-                                          TOLERANCE.get(case.dtype, {}))
+            problem = problem or mismatch((output, after), reference.state, reference.values_comparable)
         if problem and len(cases) > 1:
             alone = check_together([case])[case.id]
             if alone.outcome != "failing":
@@ -270,10 +270,14 @@ def check_together(cases):
                 problem = alone.detail
         if problem:
             verdicts[case.id] = Verdict("failing", problem)
-        elif fallback_cases is None:
+        elif case.id in unsure and len(cases) > 1:
+            verdicts[case.id] = check_together([case])[case.id]
+        elif fallbacks is None:
             verdicts[case.id] = Verdict("unknown")
+        elif fallbacks[case.id]:
+            verdicts[case.id] = Verdict("fallback", "through aten: " + ", ".join(fallbacks[case.id]))
         else:
-            verdicts[case.id] = Verdict("fallback" if case.id in fallback_cases else "lowered")
+            verdicts[case.id] = Verdict("lowered")
     return verdicts
 
 
@@ -298,30 +302,35 @@ def split_by_case(cases, outputs, args):
         yield case, case_outputs, case_args
 
 
-def cases_with_fallbacks(compiled, cases):
-    """Ids of the cases whose part of the aten graph holds an op that ran through aten (by op
-    name: where one batch has an op both lowered and not, both cases count as fallback); None
-    without the inspection API."""
+def fallbacks_by_case(compiled, cases):
+    """({case id: names of its aten ops that ran through aten}, ids whose attribution is unsure);
+    (None, set()) without the inspection API.
+
+    kiln_fallbacks names ops, one entry per node sent to aten: an op name with as many entries
+    as nodes in the graph is a fallback wherever it occurs; one with fewer leaves unsure which
+    of its cases fell back.
+    """
     fallbacks = getattr(compiled, "kiln_fallbacks", None)
     if fallbacks is None:
-        return None
+        return None, set()
     if WHOLE_GRAPH in fallbacks:
-        return {case.id for case in cases}
-    fallbacks = set(fallbacks)
+        return {case.id: [WHOLE_GRAPH] for case in cases}, set()
     aten = compiled.kiln_aten
-    graph_outputs = aten.gm.graph.output_node().args[0]
+    fallback_count = collections.Counter(fallbacks)
+    node_count = collections.Counter(str(n.target) for n in aten.gm.graph.nodes if n.op == "call_function")
+    partly = {name for name, count in fallback_count.items() if count < node_count[name]}
     owner = []  # case index of each graph output, in order
     for k, case in enumerate(cases):
         for reference in case.samples:
             owner += [k] * len(pytree.tree_flatten(reference.state[0])[0])
     input_owner = [k for k, case in enumerate(cases) for _ in case.tensors]
     owner += [input_owner[i] for i in aten.mutated_inputs]
-    result = set()
-    for k, out in zip(owner, graph_outputs):
-        if cases[k].id not in result and isinstance(out, torch.fx.Node) and any(
-                str(n.target) in fallbacks for n in ancestors(out)):
-            result.add(cases[k].id)
-    return result
+    names = {case.id: set() for case in cases}
+    for k, out in zip(owner, aten.gm.graph.output_node().args[0]):
+        if isinstance(out, torch.fx.Node):
+            names[cases[k].id].update(str(n.target) for n in ancestors(out) if str(n.target) in fallback_count)
+    unsure = {case_id for case_id, found in names.items() if found & partly}
+    return {case_id: sorted(found) for case_id, found in names.items()}, unsure
 
 
 def ancestors(node):
