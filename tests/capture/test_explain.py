@@ -75,3 +75,9 @@ def test_explain_report_text(capsys):
     explanation = kiln.explain(one_break)(torch.randn(3))
     text = str(explanation) + capsys.readouterr().out
     assert "2" in text and THIS_FILE in text
+
+
+@pytest.mark.kiln_only
+def test_tensor_guard_states_dtype_and_shape(explained):
+    tensor_guards = [str(g) for g in explained.guards if "L['x']" in str(g)]
+    assert any("float32" in g and "3" in g for g in tensor_guards), tensor_guards
