@@ -308,11 +308,11 @@ def _joint_function(flat_graph, sig):
 def _drop_input_write_backs(gm, mutated):
     """Functionalization ends with `copy_(input, new value)` for each written input; the new
     values are already results of the joint graph, and the runtime writes them back."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for n in list(gm.graph.nodes):
-        if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders:
+    position = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default):
+        if n.args[0] in position:
             # the analysis must have seen this write, or the runtime would not replay it
-            assert placeholders.index(n.args[0]) in mutated and not n.users, n.format_node()
+            assert position[n.args[0]] in mutated and not n.users, n.format_node()
             gm.graph.erase_node(n)
     gm.recompile()
 
