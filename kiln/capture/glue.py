@@ -74,7 +74,8 @@ class Glue:
         if isinstance(var, (ListVariable, DictVariable)) and var.source is not None:
             return var.source.expr(self.ctx)
         if isinstance(var, ListVariable):
-            return "[" + ", ".join(self.value(i) for i in var.items) + "]"
+            body = "[" + ", ".join(self.value(i) for i in var.items) + "]"
+            return body if var.cls is list else f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, TupleVariable):
             items = ", ".join(self.value(i) for i in var.items)
             if var.cls is tuple:

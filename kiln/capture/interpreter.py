@@ -568,7 +568,7 @@ class Frame:
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
         if isinstance(ctx, GradModeVariable):
-            prior = self.og.grad_enabled
+            prior = self.og.grad_enabled if ctx.prior is None else ctx.prior
             self.og.set_grad_enabled(ctx.enabled)
             self.push(ExitVariable(prior))
             self.push(const(None))

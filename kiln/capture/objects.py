@@ -451,9 +451,20 @@ def getattr_var(frame, obj, name):
             return obj.fields[name]
         if isinstance(inspect.getattr_static(obj.cls, name, None), (types.FunctionType, property, classmethod)):
             return _class_attr(frame, obj, obj.cls, name)
+    if isinstance(obj, TupleVariable) and obj.cls is not tuple:  # namedtuple / torch.return_types field
+        names = getattr(obj.cls, "_fields", None) or getattr(obj.cls, "__match_args__", ())
+        if name in names:
+            return obj.items[names.index(name)]
+        if name in ("_replace", "_asdict") and hasattr(obj.cls, "_fields"):
+            return MethodVariable(name, obj)
     if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         if name in ("__class__",):
             return og.wrap(obj.python_type(), None, guard=False)
+        cls = obj.python_type()
+        if cls not in (list, tuple, dict, set) and not hasattr(cls, "_fields"):
+            defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
+            if defined or (not hasattr(cls.__mro__[-2], name) and _python_dunder(cls, "__getattr__")):
+                return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
         return MethodVariable(name, obj)
     if isinstance(obj, FreshObjectVariable):
         if isinstance(inspect.getattr_static(obj.cls, name, None), property):
@@ -901,6 +912,12 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return TupleVariable([values[f] for f in cls._fields], cls=cls)
     if _is_model_output(cls):
         return _model_output(frame, cls, args, kwargs)
+    if _plain_container_subclass(cls, list):
+        return ListVariable(unpack_iterable(frame, args[0]) if args else [], cls=cls)
+    if _plain_container_subclass(cls, dict):
+        d = _b_dict(frame, args, kwargs)
+        d.cls = cls
+        return d
     if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
         raise Unsupported(f"constructing {cls.__qualname__}")
     if cls.__new__ is not object.__new__ or _python_dunder(cls, "__setattr__"):
@@ -912,6 +929,17 @@ def _construct(frame, cls_var, cls, args, kwargs):
     elif args or kwargs:
         raise Unsupported(f"constructing {cls.__qualname__} with arguments")
     return obj
+
+
+def _plain_container_subclass(cls, base):
+    """A subclass of list/dict that only adds methods: construction and storage are the base's."""
+    if not issubclass(cls, base) or cls is base:
+        return False
+    for name in ("__new__", "__init__", "__setitem__", "__getitem__", "__delitem__", "__iter__", "__len__",
+                 "__contains__", "__setattr__", "__getattribute__"):
+        if _python_dunder(cls, name):
+            return False
+    return True
 
 
 def _is_model_output(cls):
@@ -939,8 +967,10 @@ def _model_output(frame, cls, args, kwargs):
 
 
 def _set_grad_enabled(frame, args, kwargs):
-    mode = const_value(args[0] if args else kwargs["mode"], "set_grad_enabled mode")
-    return GradModeVariable(bool(mode), torch.set_grad_enabled)
+    mode = bool(const_value(args[0] if args else kwargs["mode"], "set_grad_enabled mode"))
+    prior = frame.og.grad_enabled
+    frame.og.set_grad_enabled(mode)  # takes effect now, with or without a with-block
+    return GradModeVariable(mode, torch.set_grad_enabled, prior)
 
 
 def call_module(frame, mod_var, args, kwargs):
@@ -1021,6 +1051,14 @@ def call_method(frame, obj, name, args, kwargs):
                 raise Unsupported("KeyError in set.remove")
             obj.items = [i for i in obj.items if set_key(i) != key]
         return const(None)
+    if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
+        fields = dict(zip(obj.cls._fields, obj.items))
+        if name == "_asdict":
+            return DictVariable(fields)
+        if any(k not in fields for k in kwargs):
+            raise Unsupported(f"{obj.cls.__qualname__}._replace got unexpected fields")
+        fields.update(kwargs)
+        return TupleVariable(list(fields.values()), cls=obj.cls)
     if isinstance(obj, (TupleVariable, SetVariable)):
         if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
                     "intersection", "difference"):
@@ -1081,11 +1119,13 @@ def _list_method(frame, lst, name, args, kwargs):
             raise Unsupported("list.remove(x): x not in list")
         result = const(None)
     elif name == "sort":
-        values = const_value(lst, "sorting")
         key = kwargs.get("key")
-        if key is not None:
-            raise Unsupported("list.sort with key")
-        order = sorted(range(len(values)), key=lambda i: values[i], reverse=bool(const_value(kwargs.get("reverse", const(False)))))
+        if key is not None and not is_same(key, const(None)):
+            values = [const_value(call(frame, key, [item], {}), "sort key") for item in lst.items]
+        else:
+            values = const_value(lst, "sorting")
+        reverse = bool(const_value(kwargs.get("reverse", const(False))))
+        order = sorted(range(len(values)), key=lambda i: values[i], reverse=reverse)
         lst.items[:] = [lst.items[i] for i in order]
         result = const(None)
     else:

@@ -118,11 +118,16 @@ class _Sequence(Variable):
 
 
 class ListVariable(_Sequence):
-    """A list; `source` set when it is an existing list (mutations are replayed onto it)."""
+    """A list (or a list subclass `cls`); `source` set when it is an existing list (mutations are
+    replayed onto it)."""
     mutated = False
 
+    def __init__(self, items, source=None, cls=list):
+        super().__init__(items, source)
+        self.cls = cls
+
     def python_type(self):
-        return list
+        return self.cls
 
     def is_constant(self):
         return False
@@ -234,10 +239,11 @@ class SuperVariable(Variable):
 
 
 class GradModeVariable(Variable):
-    """torch.no_grad() / enable_grad() / set_grad_enabled(b) as a context manager."""
+    """torch.no_grad() / enable_grad() / set_grad_enabled(b) as a context manager. set_grad_enabled
+    switches at construction (as torch's does); `prior` is the mode its exit restores."""
 
-    def __init__(self, enabled, cls):
-        self.enabled, self.cls = enabled, cls
+    def __init__(self, enabled, cls, prior=None):
+        self.enabled, self.cls, self.prior = enabled, cls, prior
 
     def python_type(self):
         return self.cls
