@@ -5,8 +5,10 @@ that gives the compiled graph eager's side effects back.
 every in-place op becomes its functional twin, and a mutated input becomes an extra graph output
 (its new value). Views stay view ops (remove="mutations", not "mutations_and_views"): with no
 mutation left they are safe, lowering treats them as index maps, and their fake values keep
-eager's strides, which the alias analysis below and output layouts rely on. `make_runner` wraps the compiled flat callable: it copies those new values into
-the inputs (as eager would have mutated them) and rebuilds the user's output structure.
+eager's strides, which the alias analysis below and output layouts rely on.
+
+`make_runner` wraps the compiled flat callable: it copies those new values into the inputs (as
+eager would have mutated them) and rebuilds the user's output structure.
 
 Parameters and buffers the graph reads through `get_attr`/`call_module` (graphs from
 `torch.fx.symbolic_trace`) are traced as inputs, so mutating one (BatchNorm running stats) is
@@ -284,6 +286,15 @@ def _write_back(pairs):
             target.copy_(value)
 
 
+def _rebuilder(spec):
+    """flat user outputs -> their structure; the common shapes skip pytree (a microsecond a call)."""
+    if spec.is_leaf():
+        return operator.itemgetter(0)
+    if spec.type is tuple and all(spec.child(i).is_leaf() for i in range(spec.num_children)):
+        return tuple
+    return lambda flat: pytree.tree_unflatten(flat, spec)
+
+
 def make_runner(aten: AtenGraph, flat_fn):
     """Wrap `flat_fn` (inputs -> flat outputs of `aten.gm`) into the torch graph's calling
     convention: mutated inputs and module tensors are written back, aliased outputs are rebuilt
@@ -292,7 +303,7 @@ def make_runner(aten: AtenGraph, flat_fn):
     input_writes = [(i, n_user + k) for k, i in enumerate(aten.mutated_inputs)]
     attr_writes = [(t, n_user + len(input_writes) + k) for k, t in enumerate(aten.mutated_attrs)]
     aliases = [(a.output_index, a.input_index, a.view) for a in aten.output_aliases]
-    spec = aten.out_spec
+    rebuild = _rebuilder(aten.out_spec)
 
     def run(*args):
         outs = flat_fn(*args)
@@ -302,7 +313,7 @@ def make_runner(aten: AtenGraph, flat_fn):
         user = list(outs[:n_user])
         for k, i, view in aliases:
             user[k] = args[i] if view is None else args[i].as_strided(*view)
-        return pytree.tree_unflatten(user, spec)
+        return rebuild(user)
 
     # The compiler's inspection attributes (kiln_kernels, ...) stay visible on the wrapper,
     # next to the aten graph they were compiled from.
