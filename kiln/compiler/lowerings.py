@@ -381,7 +381,8 @@ def view_map(x, sizes, index_map):
         if not syms or (poly is not None and poly.total_degree() <= 1):
             strides = tuple(flat.coeff(s) if sz != 1 else sympy.Integer(0) for s, sz in zip(syms, sizes))
             offset = flat.subs({s: 0 for s in syms})
-            if all(st.is_number for st in strides) and offset.is_number:
+            # torch has no negative strides: such views (flip) stay index maps
+            if all(st.is_number and st >= 0 for st in strides) and offset.is_number:
                 layout = ir.Layout(sizes, strides, x.dtype, offset)
                 return ir.view_value(x.view.name, layout)
     return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
@@ -480,6 +481,36 @@ def unbind(ctx, x, dim=0):
     return [view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
                      lambda idx, i=i: list(idx[:dim]) + [sympy.Integer(i)] + list(idx[dim:]))
             for i in range(int(x.sizes[dim]))]
+
+
+@register(aten.flip.default)
+def flip(ctx, x, dims):
+    dims = {norm_dim(d, x.ndim) for d in dims}
+    return view_map(x, x.sizes, lambda idx: [x.sizes[d] - 1 - i if d in dims else i for d, i in enumerate(idx)])
+
+
+@register(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(ctx, x, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = norm_dim(dim1, x.ndim), norm_dim(dim2, x.ndim)
+    rest = [d for d in range(x.ndim) if d not in (dim1, dim2)]
+
+    def index_map(idx):
+        full = [None] * x.ndim
+        for d, i in zip(rest, idx):
+            full[d] = i
+        full[dim1] = idx[-1] + max(-offset, 0)
+        full[dim2] = idx[-1] + max(offset, 0)
+        return full
+    return view_map(x, out_sizes(ctx), index_map)
+
+
+@register(aten.repeat.default)
+def repeat(ctx, x, repeats):
+    sizes = out_sizes(ctx)
+    lead = len(repeats) - x.ndim
+    factors = repeats[lead:]
+    return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(
+        ZERO if s == 1 else i if f == 1 else sympy.Mod(i, s) for i, s, f in zip(idx[lead:], x.sizes, factors))))
 
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,

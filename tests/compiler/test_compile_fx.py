@@ -110,6 +110,13 @@ def test_views_are_index_maps():
     assert not c.kiln_fallbacks
 
 
+def test_flip_diagonal_repeat():
+    x = torch.randn(4, 5, 6)
+    c = check(lambda x: (x.flip(0, 2) + 1, torch.diagonal(x, 1, 1, 2) * 2, x.repeat(2, 1, 3) - 1,
+                         x[0].repeat(3, 1, 1)), x)
+    assert not c.kiln_fallbacks
+
+
 def test_cat_pad_embedding_gather_index():
     x = torch.randn(6, 5)
     idx = torch.tensor([[0, 4], [3, 3], [1, 0], [2, 2], [4, 1], [0, 0]])

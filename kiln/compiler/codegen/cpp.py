@@ -188,6 +188,8 @@ def cindex(e):
         return "(" + " + ".join(cindex(a) for a in e.args) + ")"
     if e.is_Mul:
         return "(" + " * ".join(cindex(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Mod):  # indices are never negative: C's % agrees
+        return f"({cindex(e.args[0])} % {cindex(e.args[1])})"
     if isinstance(e, (sympy.Min, sympy.Max)):
         fn = "std::min" if isinstance(e, sympy.Min) else "std::max"
         out = cindex(e.args[0])
