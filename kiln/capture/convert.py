@@ -267,7 +267,6 @@ def _covering_handler(code, offset):
 
 
 def _native_op_line(glue, inst, ops):
-    import operator
     name = inst.opname
     if name == "BINARY_SUBSCR":
         return f"__r = {ops[0]}[{ops[1]}]", True, False

@@ -7,14 +7,13 @@ instruction loop and the stack discipline.
 import dis
 import inspect
 import operator
-import sys
 import sysconfig
 
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, CellVariable, ConstantVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (NULL, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
-                                    NullVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable,
+                                    NullVariable, ObjectVariable, SetVariable, TupleVariable,
                                     const)
 from kiln.exc import Unsupported
 
@@ -696,6 +695,3 @@ def root_frame(capture, F, L, code):
         cells[name] = RealCell(cell, CellSource(name, index=i))
     return Frame(capture, code, F.__globals__, local_values, cells, root_globals=True)
 
-
-def version_ok():
-    return sys.version_info[:2] == (3, 11)

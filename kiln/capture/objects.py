@@ -19,7 +19,7 @@ from kiln.capture.disable import is_disabled_function
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable,
-                                    ListVariable, MethodVariable, NullVariable, ObjectVariable, SetVariable,
+                                    ListVariable, MethodVariable, ObjectVariable, SetVariable,
                                     SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const,
                                     is_constant)
 from kiln.exc import Unsupported

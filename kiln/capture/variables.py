@@ -15,7 +15,6 @@ import types
 
 import torch
 
-from kiln.exc import Unsupported
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), type(NotImplemented),
                    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, range, slice,
@@ -258,6 +257,3 @@ class ExitVariable(Variable):
     def python_type(self):
         return types.MethodType
 
-
-def unsupported(msg):
-    raise Unsupported(msg)
