@@ -56,7 +56,7 @@ class CacheStats:
 
 
 stats = CacheStats()
-_loaded = {}  # path of the .so -> CDLL, for libraries loaded in this process
+_loaded = {}  # (cache root, library stem) -> CDLL, for libraries loaded in this process
 
 
 def cache_dir() -> pathlib.Path:
@@ -65,13 +65,15 @@ def cache_dir() -> pathlib.Path:
     Created with mode 0o700; raises UnsafeCacheDir when it exists but is owned by another user
     or writable by group or others.
     """
+    return _private_dir(_cache_root())
+
+
+def _cache_root():
     configured = os.environ.get("KILN_CACHE_DIR")
     if configured:
-        path = pathlib.Path(configured).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        path = (pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache") / "kiln"
-    return _private_dir(path)
+        return pathlib.Path(configured).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache") / "kiln"
 
 
 def _private_dir(path):
@@ -103,14 +105,14 @@ def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> c
     compiler = os.environ.get("CXX", "g++")
     flags = BASE_FLAGS + tuple(extra_flags)
     key = _cache_key(source, flags, compiler_identity(compiler))
-    directory = _private_dir(_private_dir(cache_dir() / "cpp") / key[:2])
     stem = f"{_safe_name(name_hint)}_{key[:32]}"
-    so_path = directory / f"{stem}.so"
-
-    lib = _loaded.get(so_path)
-    if lib is not None:
+    memo_key = (_cache_root(), stem)
+    lib = _loaded.get(memo_key)
+    if lib is not None:  # checked before any file system call: this is the per-compile hot path
         stats.memory_hits += 1
         return lib
+    directory = _private_dir(_private_dir(cache_dir() / "cpp") / key[:2])
+    so_path = directory / f"{stem}.so"
     with _key_lock(directory / f"{stem}.lock"):
         lib = _load_verified(so_path)
         if lib is not None:
@@ -120,7 +122,7 @@ def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> c
             lib = _load_verified(so_path)
             if lib is None:
                 raise KilnError(f"kiln built {so_path} but could not load it")
-    _loaded[so_path] = lib
+    _loaded[memo_key] = lib
     return lib
 
 
