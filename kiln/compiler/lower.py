@@ -94,21 +94,23 @@ class GraphLowering(LoweringContext):
             return self.env[node.args[0]][node.args[1]]
         args, kwargs = pytree.tree_map(self.lookup, (node.args, node.kwargs))
         lowering = LOWERINGS.get(node.target)
-        if lowering is not None and not self.must_fall_back(node):
+        reason = "no kiln lowering" if lowering is None else self.fallback_reason(node)
+        if reason is None:
             self.current_node = node
             try:
                 return lowering(self, *args, **kwargs)
             except Fallback as why:
-                log("perf_hints", "%s: lowering declined (%s), calling aten", node.target, why)
-        return self.extern(node, args, kwargs)
+                reason = f"lowering declined: {why}"
+        return self.extern(node, args, kwargs, reason)
 
-    def must_fall_back(self, node):
-        # random ops run through aten: correct distributions, and bit-identical to eager under a seed
+    def fallback_reason(self, node):
+        """Why `node` must run through aten even though it has a lowering, or None."""
         if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
-            return True
-        # kernels handle the dtypes C++ has a type for (no complex, float8, unsigned > 8 bits)
+            return "random op: aten draws the numbers, as eager does"
         tensors = [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
-        return any(isinstance(t, torch.Tensor) and t.dtype not in ir.KERNEL_DTYPES for t in tensors)
+        if any(isinstance(t, torch.Tensor) and t.dtype not in ir.KERNEL_DTYPES for t in tensors):
+            return "a dtype kernels have no C++ type for"
+        return None
 
     def lookup(self, a):
         return self.env[a] if isinstance(a, torch.fx.Node) else a
@@ -127,9 +129,9 @@ class GraphLowering(LoweringContext):
             self.env[node] = self.realize(value)
 
     # ---- externs -------------------------------------------------------------------------
-    def extern(self, node, args, kwargs):
+    def extern(self, node, args, kwargs, reason):
         """Call aten for `node`; tensor arguments are realized, results become ExternBuffers."""
-        log("perf_hints", "no kiln lowering for %s: calling aten", node.target)
+        log("perf_hints", "%s runs through aten (%s)", node.target, reason)
         self.fallbacks.append(str(node.target))
 
         def as_arg(a):
