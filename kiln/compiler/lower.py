@@ -101,6 +101,10 @@ class GraphLowering(LoweringContext):
                 return lowering(self, *args, **kwargs)
             except Fallback as why:
                 reason = f"lowering declined: {why}"
+            except Exception as bug:  # a lowering bug must not cost the user a compile
+                if self.options.get("debug"):
+                    raise
+                reason = f"lowering raised {type(bug).__name__}: {bug}"
         return self.extern(node, args, kwargs, reason)
 
     def fallback_reason(self, node):
