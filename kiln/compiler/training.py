@@ -125,7 +125,7 @@ class TrainingGraph:
     def __init__(self, gm, example_inputs, options, inner, recompute):
         self.options, self.inner = options, inner
         self.flat_graph = FlatGraph(gm)
-        primals = [*example_inputs, *self.flat_graph.state]
+        primals = [*_traced_inputs(gm, example_inputs), *self.flat_graph.state]
         decompositions = lowering_decompositions(bool(options.get("fallback_random")))
         fake_mode = _fake_mode(primals)
         self.signature = analyse(self.flat_graph, primals, fake_mode, decompositions)
@@ -323,6 +323,20 @@ def _compile_graph(gm, example_inputs, options, inner):
         from kiln.compiler import compile_aten
         return compile_aten(gm, example_inputs, options)
     return gm.forward
+
+
+def _traced_inputs(gm, example_inputs):
+    """What to trace with. Capture passes real example inputs, of one size each, and records on
+    each placeholder its fake value, with symbolic sizes where a dimension is dynamic: when there
+    are any, trace with those, so one compiled graph serves every size."""
+    fakes = [p.meta.get("example_value") for p in gm.graph.find_nodes(op="placeholder")]
+    if len(fakes) != len(example_inputs) or not any(_has_symbolic_size(f) for f in fakes):
+        return list(example_inputs)
+    return [f if isinstance(f, FakeTensor) else x for f, x in zip(fakes, example_inputs)]
+
+
+def _has_symbolic_size(x):
+    return isinstance(x, FakeTensor) and any(isinstance(s, torch.SymInt) for s in x.shape)
 
 
 def _fake_mode(example_inputs):

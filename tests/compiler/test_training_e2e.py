@@ -173,3 +173,22 @@ def test_hugging_face_gpt2_training_step():
     expected.backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_size_changes(backend, dynamic):
+    """Capture passes real example inputs and records symbolic sizes on the placeholders; the
+    training graph must serve every batch size it is called with, or be recompiled."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend=backend, dynamic=dynamic)
+    for batch in (5, 7, 9):
+        x = torch.randn(batch, 8)
+        out, expected = compiled(x), reference(x)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
