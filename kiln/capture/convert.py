@@ -76,7 +76,10 @@ class Capture:
             self.steps, self.requested = 0, None
             frame = interp.root_frame(self, self.F, self.L, self.code)
             try:
-                return frame.run()
+                result = frame.run()
+                if self.og.entered:
+                    raise self._cannot("an autocast block still open at the end of the frame")
+                return result
             except Unsupported as e:
                 if self.requested is None or self.fullgraph:
                     raise
@@ -85,6 +88,8 @@ class Capture:
                 if why_not:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
                 self.break_at, self.break_reason = inst.offset, e
+            finally:
+                self.og.leave_contexts()
         raise EagerFrame("capture did not settle")
 
     def _cannot(self, msg):

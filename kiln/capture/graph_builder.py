@@ -76,6 +76,7 @@ class OutputGraph:
         self._names = set()
         self.code_name = code_name
         self.hook_globals_guarded = False
+        self.entered = []  # real autocast modes entered during capture (left again in any case)
         self.grad_enabled = torch.is_grad_enabled()
         self.guards.add(None, f"{self.guards.const(torch.is_grad_enabled, 'GRAD')}() is {self.grad_enabled}",
                         f"torch.is_grad_enabled() is {self.grad_enabled}")
@@ -252,6 +253,26 @@ class OutputGraph:
             self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,), {},
                                    name=self._unique("set_grad_enabled"))
             self.grad_enabled = enabled
+
+    def enter_autocast(self, mode_args):
+        """Enter autocast in the graph, and for real during capture so fake tensors get its dtypes;
+        returns the exit action. `leave_contexts` undoes whatever a failed capture left entered."""
+        node = self.graph.create_node("call_function", torch.amp.autocast_mode._enter_autocast, tuple(mode_args), {},
+                                      name=self._unique("enter_autocast"))
+        mode = torch.amp.autocast_mode._UnmanagedAutocast(*mode_args)
+        mode.__enter__()
+        self.entered.append(mode)
+
+        def exit_autocast():
+            self.graph.create_node("call_function", torch.amp.autocast_mode._exit_autocast, (node,), {},
+                                   name=self._unique("exit_autocast"))
+            self.entered.remove(mode)
+            mode.__exit__(None, None, None)
+        return exit_autocast
+
+    def leave_contexts(self):
+        while self.entered:
+            self.entered.pop().__exit__(None, None, None)
 
     def op_count(self):
         return sum(1 for n in self.graph.nodes if n.op.startswith("call"))

@@ -11,7 +11,7 @@ import sysconfig
 
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, CellVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
                                     NullVariable, ObjectVariable, SetVariable, TupleVariable,
                                     const)
@@ -563,13 +563,17 @@ class Frame:
     def GET_LEN(self, inst):
         self.push(const(len(objects.unpack_iterable(self, self.stack[-1]))))
 
-    # ---- with blocks (grad mode only) -----------------------------------------------------------
+    # ---- with blocks (grad mode, autocast, user context managers) -----------------------------------------------------------
     def BEFORE_WITH(self, inst):
         ctx = self.pop()
         if isinstance(ctx, GradModeVariable):
             prior = self.og.grad_enabled if ctx.prior is None else ctx.prior
             self.og.set_grad_enabled(ctx.enabled)
-            self.push(ExitVariable(prior))
+            self.push(ExitVariable(lambda: self.og.set_grad_enabled(prior)))
+            self.push(const(None))
+            return
+        if isinstance(ctx, AutocastVariable):
+            self.push(ExitVariable(self.og.enter_autocast(ctx.mode_args)))
             self.push(const(None))
             return
         if isinstance(ctx, (FreshObjectVariable, ObjectVariable)) and \

@@ -17,7 +17,7 @@ import torch
 from kiln.capture import interpreter as interp
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
-from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                                     ListVariable, MethodVariable, ObjectVariable, SetVariable,
                                     SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const,
@@ -664,7 +664,7 @@ def call(frame, fn, args, kwargs):
         kwdefaults = dict_items(frame, fn.kwdefaults) if fn.kwdefaults is not None else None
         return interp.inline_call(frame, fn.code, fn.f_globals, args, kwargs, defaults, kwdefaults, fn.closure)
     if isinstance(fn, ExitVariable):
-        og.set_grad_enabled(fn.prior)
+        fn.on_exit()
         return const(None)
     if isinstance(fn, (ObjectVariable, ConstantVariable)):
         return _call_value(frame, fn, args, kwargs)
@@ -892,6 +892,9 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return GradModeVariable(cls is torch.enable_grad, cls)
     if cls is torch.set_grad_enabled:
         return _set_grad_enabled(frame, args, kwargs)
+    if issubclass(cls, torch.amp.autocast_mode.autocast):
+        mode = _fold(og, cls, args, kwargs).value  # validates the arguments as torch does
+        return AutocastVariable((mode.device, mode.fast_dtype, mode._enabled, mode._cache_enabled), cls)
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating module {cls.__qualname__} inside compiled code")
     if issubclass(cls, BaseException):

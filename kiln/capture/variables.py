@@ -248,11 +248,22 @@ class GradModeVariable(Variable):
         return self.cls
 
 
-class ExitVariable(Variable):
-    """The bound __exit__ that BEFORE_WITH pushes for a grad-mode context: restores `prior`."""
+class AutocastVariable(Variable):
+    """torch.autocast(...) (not entered yet); `mode_args` are _enter_autocast's arguments."""
 
-    def __init__(self, prior):
-        self.prior = prior
+    def __init__(self, mode_args, cls):
+        self.mode_args, self.cls = mode_args, cls
+
+    def python_type(self):
+        return self.cls
+
+
+class ExitVariable(Variable):
+    """The bound __exit__ that BEFORE_WITH pushes for a grad-mode or autocast block; calling it runs
+    `on_exit` (restores grad mode / leaves autocast, in the graph and in capture's own state)."""
+
+    def __init__(self, on_exit):
+        self.on_exit = on_exit
 
     def python_type(self):
         return types.MethodType
