@@ -32,16 +32,29 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
 
 def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
     """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple."""
+    from kiln.compiler.build import CompileError
+
+    options = options if options is not None else compiler_options()
+    if _has_symbolic_scalars(aten_gm):
+        log("perf_hints", "graph has symbolic sizes (dynamic shapes, or sizes read from tensor data): "
+            "it runs through aten")
+        return _run_through_aten(aten_gm)
+    try:
+        return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
+    except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
+        if options.get("debug"):
+            raise
+        log("perf_hints", "generated C++ failed to build (%s): graph runs through aten", e.source_path)
+        return _run_through_aten(aten_gm)
+
+
+def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm):
     from kiln.compiler import debug, wrapper
     from kiln.compiler.build import load_library
     from kiln.compiler.codegen import cpp
     from kiln.compiler.lower import GraphLowering
     from kiln.compiler.schedule import build_program, workspace_plan
 
-    options = options if options is not None else compiler_options()
-    if _has_symbolic_scalars(aten_gm):
-        log("perf_hints", "graph computes sizes from tensor data (.item(), nonzero, ...): runs through aten")
-        return _inspectable(lambda *args: tuple(aten_gm(*args)), [], "", "", ["<whole graph>"])
     graph = GraphLowering(aten_gm, example_inputs, options).run()
     program = build_program(graph, options)
     offsets, ws_size = workspace_plan(program)
@@ -54,6 +67,10 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
                                    wrapper_source=wrapper_source, fx_gm=fx_gm)
         log("output_code", "debug trace written to %s", folder)
     return _inspectable(fn, debug.kernel_infos(program), source, wrapper_source, list(graph.fallbacks))
+
+
+def _run_through_aten(aten_gm):
+    return _inspectable(lambda *args: tuple(aten_gm(*args)), [], "", "", ["<whole graph>"])
 
 
 def _inspectable(fn, kernels, source, wrapper_source, fallbacks):

@@ -239,3 +239,19 @@ def test_output_code_log_shows_the_source(caplog):
         set_logs("")
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert 'extern "C"' in text and "def kiln_graph" in text and ".so" in text
+
+
+def test_cpp_that_fails_to_build_falls_back_to_aten(monkeypatch):
+    from kiln.compiler.build import CompileError
+    from kiln.compiler.codegen import cpp
+    monkeypatch.setattr(cpp, "PRELUDE", cpp.PRELUDE + "\nthis is not C++;\n")
+    c = check(lambda x: x * 3 + 1, torch.randn(5))
+    assert c.kiln_fallbacks == ["<whole graph>"] and not kernels(c)
+    with pytest.raises(CompileError):
+        compiled(lambda x: x * 3 + 1, torch.randn(5), debug=True)
+
+
+def test_symbolic_sizes_run_through_aten():
+    x = torch.tensor([0.0, 1.5, 0.0, 2.0])
+    c = check(lambda x: x[x.nonzero().flatten()] * 2, x)
+    assert c.kiln_fallbacks == ["<whole graph>"]
