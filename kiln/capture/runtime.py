@@ -61,6 +61,8 @@ class CodeCache:
             if len(self.entries) >= config_mod.config.cache_size_limit:
                 if not self.warned_limit:
                     self.warned_limit = True
+                    log("perf_hints", "%s recompiled %d times; raise kiln.config.cache_size_limit or make the "
+                        "changing input static", self.code.co_qualname, len(self.entries))
                     warnings.warn(f"kiln: {self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}) "
                                   f"hit cache_size_limit={config_mod.config.cache_size_limit}; it now runs eagerly. "
                                   f"Last guard failure: {self._failure_text(F, L)}", RuntimeWarning, stacklevel=4)
@@ -75,6 +77,7 @@ class CodeCache:
             except EagerFrame as e:
                 self.eager_reason = str(e)
                 log("graph_breaks", "%s", e)
+                log("perf_hints", "%s runs eagerly from now on: %s", self.code.co_qualname, e)
                 for obs in eager_observers:
                     obs(self.code, str(e))
                 return None

@@ -1,0 +1,78 @@
+"""Capture mechanics that the black-box suite reaches only indirectly."""
+import collections
+
+import pytest
+import torch
+
+import kiln
+from tests.utils import CompileCounter
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def test_dynamic_size_turned_into_python_int_is_pinned():
+    # produce_guards leaves out sizes that became plain ints; without the pin the second call
+    # would reuse the first entry and return the old size
+    def f(x):
+        n = x.size(0)
+        return x * n, n
+    compiled = kiln.compile(f, backend=CompileCounter(), dynamic=True)
+    for size in (2, 3, 5):
+        out, n = compiled(torch.ones(size))
+        assert n == size and out.tolist() == [float(size)] * size
+
+
+def test_side_effects_are_replayed_before_the_breaking_call_sees_them():
+    log = []
+
+    def f(x, state):
+        state["seen"] = 1
+        log.append(dict(state))  # a native call at a break: must see the store above
+        return x + state["seen"]
+    compiled = kiln.compile(f, backend=CompileCounter())
+    state = {}
+    assert compiled(torch.zeros(1), state).item() == 1.0
+    assert log == [{"seen": 1}] and state == {"seen": 1}
+
+
+def test_model_output_like_dict_is_rebuilt_with_its_class():
+    from transformers.utils import ModelOutput
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out(ModelOutput):
+        a: torch.Tensor = None
+        b: torch.Tensor = None
+
+    def f(x):
+        out = Out(a=x + 1)
+        return out, out[0] * 2, out.b is None
+    counter = CompileCounter()
+    result, doubled, b_none = kiln.compile(f, backend=counter)(torch.ones(2))
+    assert isinstance(result, Out) and list(result.keys()) == ["a"] and b_none
+    assert doubled.tolist() == [4.0, 4.0] and counter.frame_count == 1
+
+
+def test_grad_mode_blocks_switch_in_the_graph():
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        return y, x * 3
+    counter = CompileCounter()
+    y, z = kiln.compile(f, backend=counter)(torch.ones(2, requires_grad=True))
+    assert not y.requires_grad and z.requires_grad and counter.frame_count == 1
+
+
+def test_ordered_dict_keeps_its_type():
+    def f(x):
+        d = collections.OrderedDict(a=x)
+        d["b"] = x * 2
+        d.move_to_end("a")
+        return d
+    out = kiln.compile(f, backend=CompileCounter())(torch.ones(1))
+    assert type(out) is collections.OrderedDict and list(out) == ["b", "a"]
