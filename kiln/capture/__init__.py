@@ -1,7 +1,8 @@
 """Capture: run Python frames symbolically into torch.fx graphs with guards (see DESIGN.md).
 
 `optimize(model, backend)` returns the compiled callable; `reset()` forgets every cache entry.
-Modules: runtime (caches, hot path), convert (one frame -> entry), interpreter + objects (symbolic
+Modules: runtime (caches, hot path), convert (one frame -> entry), interpreter + objects +
+python_builtins (symbolic
 execution), variables, sources, guards, graph_builder, side_effects, glue, resume.
 """
 import types

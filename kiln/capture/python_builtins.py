@@ -1,0 +1,435 @@
+"""Methods of Python containers and constants, and the builtins capture knows (len, isinstance,
+zip, sorted, ...): each one is written over Variables, so no Python value is guessed."""
+import collections
+import functools
+import inspect
+import math
+import operator
+
+import torch
+
+from kiln.capture.objects import (apply_operator, call, const_value, dedup_set, describe, dict_items, dict_key,
+                                  fold_natively, getattr_var, getitem, is_same, make_tuple, python_dunder, set_key,
+                                  setattr_var, setitem, truth, unpack_iterable)
+from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
+                                    IteratorVariable, ListVariable, MethodVariable, ObjectVariable, SetVariable,
+                                    SuperVariable, TensorVariable, TupleVariable, const)
+from kiln.exc import Unsupported
+
+
+# ---- methods of Python containers and constants -------------------------------------------------
+def call_method(frame, obj, name, args, kwargs):
+    og = frame.og
+    if isinstance(obj, ListVariable):
+        return _list_method(frame, obj, name, args, kwargs)
+    if isinstance(obj, DictVariable):
+        return _dict_method(frame, obj, name, args, kwargs)
+    if isinstance(obj, SetVariable) and name in ("add", "update", "discard", "remove", "clear"):
+        if name == "add":
+            obj.items = dedup_set(obj.items + [args[0]])
+        elif name == "update":
+            obj.items = dedup_set(obj.items + [i for a in args for i in unpack_iterable(frame, a)])
+        elif name == "clear":
+            obj.items = []
+        else:
+            key = set_key(args[0])
+            if name == "remove" and key not in {set_key(i) for i in obj.items}:
+                raise Unsupported("KeyError in set.remove")
+            obj.items = [i for i in obj.items if set_key(i) != key]
+        return const(None)
+    if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
+        fields = dict(zip(obj.cls._fields, obj.items))
+        if name == "_asdict":
+            return DictVariable(fields)
+        if any(k not in fields for k in kwargs):
+            raise Unsupported(f"{obj.cls.__qualname__}._replace got unexpected fields")
+        fields.update(kwargs)
+        return TupleVariable(list(fields.values()), cls=obj.cls)
+    if isinstance(obj, (TupleVariable, SetVariable)):
+        if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
+                    "intersection", "difference"):
+            if name == "__getitem__":
+                return getitem(frame, obj, args[0])
+            return fold_natively(og, getattr(const_value(obj), name), args, kwargs)
+        raise Unsupported(f"{type(obj).__name__}.{name}")
+    if isinstance(obj, ConstantVariable):
+        return fold_natively(og, getattr(obj.value, name), args, kwargs)
+    if name == "__delitem__" and isinstance(obj, TensorVariable):
+        raise Unsupported("del on a tensor item")
+    raise Unsupported(f"method {name} of {describe(obj)}")
+
+
+def _list_method(frame, lst, name, args, kwargs):
+    og = frame.og
+    mutating = name in ("append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort", "__setitem__",
+                        "__delitem__")
+    if name == "append":
+        lst.items.append(args[0])
+        result = const(None)
+    elif name == "extend":
+        lst.items.extend(unpack_iterable(frame, args[0]))
+        result = const(None)
+    elif name == "insert":
+        lst.items.insert(const_value(args[0]), args[1])
+        result = const(None)
+    elif name == "pop":
+        if not lst.items:
+            raise Unsupported("pop from empty list")
+        result = lst.items.pop(const_value(args[0]) if args else -1)
+    elif name == "clear":
+        lst.items.clear()
+        result = const(None)
+    elif name == "reverse":
+        lst.items.reverse()
+        result = const(None)
+    elif name == "copy":
+        return ListVariable(lst.items)
+    elif name in ("index", "count", "__len__", "__contains__"):
+        return fold_natively(og, getattr(const_value(lst), name), args, kwargs)
+    elif name == "__getitem__":
+        return getitem(frame, lst, args[0])
+    elif name == "__setitem__":
+        setitem(frame, lst, args[0], args[1])
+        return const(None)
+    elif name == "__delitem__":
+        k = const_value(args[0])
+        del lst.items[k]
+        result = const(None)
+    elif name == "remove":
+        for i, item in enumerate(lst.items):
+            if is_same(item, args[0]) or (isinstance(item, ConstantVariable) and isinstance(args[0], ConstantVariable)
+                                          and item.value == args[0].value):
+                del lst.items[i]
+                break
+        else:
+            raise Unsupported("list.remove(x): x not in list")
+        result = const(None)
+    elif name == "sort":
+        key = kwargs.get("key")
+        if key is not None and not is_same(key, const(None)):
+            values = [const_value(call(frame, key, [item], {}), "sort key") for item in lst.items]
+        else:
+            values = const_value(lst, "sorting")
+        reverse = bool(const_value(kwargs.get("reverse", const(False))))
+        order = sorted(range(len(values)), key=lambda i: values[i], reverse=reverse)
+        lst.items[:] = [lst.items[i] for i in order]
+        result = const(None)
+    else:
+        raise Unsupported(f"list.{name}")
+    if mutating:
+        og.side_effects.mark_mutated(lst)
+    return result
+
+
+def _dict_method(frame, d, name, args, kwargs):
+    og = frame.og
+    if name == "keys":
+        return ListVariable([const(k) for k in d.items])
+    if name == "values":
+        return ListVariable(list(d.items.values()))
+    if name == "items":
+        return ListVariable([TupleVariable([const(k), v]) if not isinstance(v, ConstantVariable)
+                             else const((k, v.value)) for k, v in d.items.items()])
+    if name in ("get", "__getitem__"):
+        k = dict_key(args[0])
+        if k in d.items:
+            return d.items[k]
+        if name == "__getitem__":
+            raise Unsupported(f"KeyError {k!r}")
+        return args[1] if len(args) > 1 else const(None)
+    if name == "__contains__":
+        return const(dict_key(args[0]) in d.items)
+    if name == "__len__":
+        return const(len(d.items))
+    if name == "copy":
+        return DictVariable(d.items, cls=d.cls)
+    if name == "move_to_end" and d.cls is collections.OrderedDict:
+        k = dict_key(args[0])
+        last = const_value(args[1]) if len(args) > 1 else const_value(kwargs.get("last", const(True)))
+        value = d.items.pop(k)
+        d.items = {k: value, **d.items} if not last else {**d.items, k: value}
+        og.side_effects.mark_mutated(d)
+        return const(None)
+    if name in ("__setitem__", "update", "pop", "setdefault", "clear", "__delitem__", "popitem"):
+        og.side_effects.mark_mutated(d)
+        if name == "__setitem__":
+            d.items[dict_key(args[0])] = args[1]
+            return const(None)
+        if name == "update":
+            for a in args:
+                d.items.update(dict_items(frame, a))
+            d.items.update(kwargs)
+            return const(None)
+        if name == "pop":
+            k = dict_key(args[0])
+            if k in d.items:
+                return d.items.pop(k)
+            if len(args) > 1:
+                return args[1]
+            raise Unsupported(f"KeyError {k!r}")
+        if name == "setdefault":
+            k = dict_key(args[0])
+            if k not in d.items:
+                d.items[k] = args[1] if len(args) > 1 else const(None)
+            return d.items[k]
+        if name == "clear":
+            d.items.clear()
+            return const(None)
+        if name == "__delitem__":
+            k = dict_key(args[0])
+            if k not in d.items:
+                raise Unsupported(f"KeyError {k!r}")
+            del d.items[k]
+            return const(None)
+    raise Unsupported(f"dict.{name}")
+
+
+# ---- builtins -----------------------------------------------------------------------------------
+def builtin_len(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, TensorVariable):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        if isinstance(v.fake.shape[0], torch.SymInt):
+            return frame.og.call_op("call_function", len, [v], {})
+        return const(v.fake.shape[0])
+    if isinstance(v, ConstantVariable):
+        return const(len(v.value))
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not isinstance(getattr(v, "value", None), torch.nn.Module) \
+            and python_dunder(v.python_type(), "__len__"):
+        return call(frame, getattr_var(frame, v, "__len__"), [], {})
+    return const(len(unpack_iterable(frame, v)))
+
+
+def _b_isinstance(frame, args, kwargs):
+    obj, classes = args
+    cls = const_value(classes, "isinstance class")
+    if isinstance(obj, (ObjectVariable, ConstantVariable)):
+        return const(isinstance(obj.value, cls))
+    return const(issubclass(obj.python_type(), cls))
+
+
+def _b_type(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments")
+    return frame.og.wrap(args[0].python_type(), None, guard=False)
+
+
+def _b_getattr(frame, args, kwargs):
+    name = const_value(args[1], "getattr name")
+    try:
+        return getattr_var(frame, args[0], name)
+    except Unsupported as e:
+        if len(args) > 2 and "AttributeError" in str(e):
+            return args[2]
+        raise
+
+
+def _b_hasattr(frame, args, kwargs):
+    name = const_value(args[1], "hasattr name")
+    try:
+        getattr_var(frame, args[0], name)
+        return const(True)
+    except Unsupported as e:
+        if "AttributeError" in str(e) or "has no attribute" in str(e):
+            return const(False)
+        raise
+
+
+def _b_setattr(frame, args, kwargs):
+    setattr_var(frame, args[0], const_value(args[1]), args[2])
+    return const(None)
+
+
+def _iterable_builtin(fn):
+    def handler(frame, args, kwargs):
+        lists = [unpack_iterable(frame, a) for a in args]
+        if fn is enumerate:
+            start = const_value(kwargs.get("start", const(0))) if not args[1:] else const_value(args[1])
+            return IteratorVariable([make_tuple([const(i + start), v]) for i, v in enumerate(lists[0])])
+        if fn is zip:
+            return IteratorVariable([make_tuple(list(t)) for t in zip(*lists)])
+        if fn is reversed:
+            return IteratorVariable(list(reversed(lists[0])))
+        if fn is iter:
+            return IteratorVariable(lists[0])
+        if fn is list:
+            return ListVariable(lists[0] if lists else [])
+        if fn is tuple:
+            return make_tuple(lists[0] if lists else [])
+        raise AssertionError(fn)
+    return handler
+
+
+def _b_next(frame, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorVariable):
+        raise Unsupported(f"next() on {describe(it)}")
+    item = it.next()
+    if item is None:
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported("StopIteration")
+    return item
+
+
+def build_dict(frame, args, kwargs):
+    items = {}
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            items.update(src.items)
+        else:
+            for pair in unpack_iterable(frame, src):
+                k, v = unpack_iterable(frame, pair)
+                items[dict_key(k)] = v
+    items.update(kwargs)
+    return DictVariable(items)
+
+
+def _b_ordered_dict(frame, args, kwargs):
+    d = build_dict(frame, args, kwargs)
+    d.cls = collections.OrderedDict
+    return d
+
+
+def _b_defaultdict(frame, args, kwargs):
+    d = build_dict(frame, args[1:], kwargs)
+    d.cls = collections.defaultdict
+    d.default_factory = args[0] if args else const(None)
+    return d
+
+
+def _b_set(frame, args, kwargs):
+    return SetVariable(dedup_set(unpack_iterable(frame, args[0]) if args else []))
+
+
+def _reducing(fn):
+    def handler(frame, args, kwargs):
+        items = unpack_iterable(frame, args[0])
+        if fn in (any, all):
+            return const(fn(truth(frame, i) for i in items))
+        result = args[1] if len(args) > 1 else kwargs.get("start", const(0))
+        for i in items:
+            result = apply_operator(frame, operator.add, [result, i])
+        return result
+    return handler
+
+
+def _b_super(frame, args, kwargs):
+    if args:
+        cls = const_value(args[0])
+        return SuperVariable(cls, args[1])
+    cell = frame.cells.get("__class__")
+    if cell is None:
+        raise Unsupported("super() outside a method")
+    cls = frame.load_cell(cell, "__class__").value
+    first = frame.code.co_varnames[0]
+    obj = frame.cells[first].contents if first in frame.cells and isinstance(frame.cells[first], CellVariable) \
+        else frame.load_local(first)
+    return SuperVariable(cls, obj)
+
+
+def _b_print(frame, args, kwargs):
+    raise Unsupported("print() has side effects outside the graph")
+
+
+def _b_callable(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, (FunctionVariable, MethodVariable)):
+        return const(True)
+    if isinstance(v, (ObjectVariable, ConstantVariable)):
+        return const(callable(v.value))
+    return const(False)
+
+
+def _b_id(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, ObjectVariable):
+        return const(id(v.value))
+    raise Unsupported("id() of a value made during capture")
+
+
+def _b_abs(frame, args, kwargs):
+    return apply_operator(frame, operator.abs, args)
+
+
+def _b_minmax(fn):
+    def handler(frame, args, kwargs):
+        items = unpack_iterable(frame, args[0]) if len(args) == 1 else list(args)
+        if any(isinstance(i, TensorVariable) for i in items):
+            raise Unsupported(f"{fn.__name__}() over tensors needs their data")
+        return fold_natively(frame.og, fn, [ListVariable(items)], kwargs)
+    return handler
+
+
+def _b_isinstance_sub(frame, args, kwargs):
+    return const(issubclass(const_value(args[0]), const_value(args[1])))
+
+
+def _b_numeric(fn):
+    def handler(frame, args, kwargs):
+        if args and isinstance(args[0], TensorVariable):
+            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data")
+        return fold_natively(frame.og, fn, args, kwargs)
+    return handler
+
+
+def _b_map(frame, args, kwargs):
+    fn, lists = args[0], [unpack_iterable(frame, a) for a in args[1:]]
+    return IteratorVariable([call(frame, fn, list(items), {}) for items in zip(*lists)])
+
+
+def _b_filter(frame, args, kwargs):
+    fn, items = args[0], unpack_iterable(frame, args[1])
+    if is_same(fn, const(None)):
+        return IteratorVariable([i for i in items if truth(frame, i)])
+    return IteratorVariable([i for i in items if truth(frame, call(frame, fn, [i], {}))])
+
+
+def _b_reduce(frame, args, kwargs):
+    fn, items = args[0], unpack_iterable(frame, args[1])
+    if len(args) > 2:
+        items = [args[2]] + items
+    if not items:
+        raise Unsupported("reduce() of an empty sequence")
+    acc = items[0]
+    for item in items[1:]:
+        acc = call(frame, fn, [acc, item], {})
+    return acc
+
+
+def _b_native_query(fn):
+    """Pure standard-library queries about known objects (inspect.signature): answered natively."""
+    def handler(frame, args, kwargs):
+        return fold_natively(frame.og, fn, args, kwargs)
+    return handler
+
+
+def _b_sorted(frame, args, kwargs):
+    items = unpack_iterable(frame, args[0])
+    lst = ListVariable(items)
+    _list_method(frame, lst, "sort", [], kwargs)
+    return lst
+
+
+BUILTIN_HANDLERS = {
+    len: builtin_len, isinstance: _b_isinstance, issubclass: _b_isinstance_sub, type: _b_type, getattr: _b_getattr,
+    hasattr: _b_hasattr, setattr: _b_setattr, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
+    reversed: _iterable_builtin(reversed), iter: _iterable_builtin(iter), list: _iterable_builtin(list),
+    tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_numeric(frozenset),
+    sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _b_minmax(min), max: _b_minmax(max),
+    super: _b_super, print: _b_print, callable: _b_callable, id: _b_id, abs: _b_abs,
+    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _b_numeric(str),
+    round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
+    pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
+    ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
+    complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,
+    collections.defaultdict: _b_defaultdict, inspect.signature: _b_native_query(inspect.signature),
+    inspect.isclass: _b_native_query(inspect.isclass), inspect.isfunction: _b_native_query(inspect.isfunction),
+    inspect.ismethod: _b_native_query(inspect.ismethod),
+    tuple.__new__: lambda frame, args, kwargs: TupleVariable(unpack_iterable(frame, args[1]),
+                                                             cls=const_value(args[0])),
+    object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
+    math.floor: _b_numeric(math.floor), math.ceil: _b_numeric(math.ceil), math.sqrt: _b_numeric(math.sqrt),
+}
