@@ -2,8 +2,8 @@
 
 `optimize(model, backend)` returns the compiled callable; `reset()` forgets every cache entry.
 Modules: runtime (caches, hot path), convert (one frame -> entry), interpreter + objects +
-python_builtins (symbolic
-execution), variables, sources, guards, graph_builder, side_effects, glue, resume.
+python_builtins (symbolic execution), variables, sources, guards, graph_builder, side_effects,
+glue, resume.
 """
 import types
 
