@@ -27,7 +27,7 @@ from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
 
 _JUMPS = {"POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE",
           "POP_JUMP_BACKWARD_IF_FALSE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"}
-# single instructions a break can run natively: opname -> (number popped, python callable)
+# single instructions a break can run natively in the glue: opname -> number of stack values popped
 _NATIVE_OPS = {
     "BINARY_SUBSCR": 2, "COMPARE_OP": 2, "BINARY_OP": 2, "UNARY_NEGATIVE": 1, "UNARY_POSITIVE": 1,
     "UNARY_INVERT": 1, "UNARY_NOT": 1, "STORE_SUBSCR": 3, "STORE_ATTR": 2, "LOAD_ATTR": 1, "LOAD_METHOD": 1,
@@ -117,8 +117,8 @@ def _why_not_breakable(code, inst):
             handler = insts[index_of[entry.target]:index_of[entry.target] + 3]
             if any(i.opname == "WITH_EXCEPT_START" for i in handler) or _in_with_block(insts, inst.offset):
                 return "the break is inside a with block"
-            if entry.lasti and inst.opname in _JUMPS:
-                return "a branch on tensor data inside a cleanup handler"
+            if entry.lasti:  # inside an except/finally handler: the exception being handled cannot be carried
+                return "the break is inside an exception handler"
     for i in dis.get_instructions(code):
         if i.opname.startswith("JUMP_BACKWARD") or i.opname.startswith("POP_JUMP_BACKWARD"):
             if i.argval <= inst.offset < i.offset:
