@@ -224,9 +224,10 @@ def analyse(flat_graph, primals, fake_mode, decompositions):
     computed = tuple(k for k in range(aten_graph.num_user_outputs) if k not in aliased)
     mutated = tuple(aten_graph.mutated_inputs)
     requires_grad = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in primals)
+    cloned = {i for i in mutated if requires_grad[i]}
+    fakes = _fakes(fake_mode, primals)
     with fake_mode:
-        cloned = {i for i in mutated if requires_grad[i]}
-        inputs, outputs, clone_grad_fns = _run_user_graph(flat_graph, _fakes(fake_mode, primals), cloned)
+        inputs, outputs, clone_grad_fns = _run_user_graph(flat_graph, fakes, cloned)
     flat = pytree.tree_leaves(outputs)
     differentiable = tuple(
         inputs[i].grad_fn is not clone_grad_fns[i] if i in cloned else inputs[i].requires_grad
@@ -248,8 +249,8 @@ def _run_user_graph(flat_graph, primals, cloned):
 def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
     """The functional aten joint graph: (*primals, *tangents) -> (*forward results, *gradients)."""
     joint_fn = _joint_function(flat_graph, sig)
+    fakes = _fakes(fake_mode, primals)
     with fake_mode:
-        fakes = _fakes(fake_mode, primals)
         tangents = [torch.empty_like(r, memory_format=torch.contiguous_format)
                     for r, d in zip(_forward_results(flat_graph, sig, fakes), sig.differentiable) if d]
         with_autograd = make_fx(joint_fn, decomposition_table=decompositions)(*fakes, *tangents)
@@ -347,8 +348,16 @@ def _fake_mode(example_inputs):
 
 
 def _fakes(fake_mode, example_inputs):
-    return [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) else x
-            for x in example_inputs]
+    """Fake leaves for the real tensors, requiring grad as they do; fakes stay as they are.
+    Called outside the fake mode: it detaches real tensors."""
+    return [_fake(fake_mode, x) for x in example_inputs]
+
+
+def _fake(fake_mode, x):
+    if not isinstance(x, torch.Tensor) or isinstance(x, FakeTensor):
+        return x
+    # fakes a leaf (a non-leaf's history means nothing here, and reading it warns)
+    return fake_mode.from_tensor(x.detach()).requires_grad_(x.requires_grad)
 
 
 def _detached(xs):
