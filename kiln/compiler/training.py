@@ -333,7 +333,11 @@ def _traced_inputs(gm, example_inputs):
     fakes = [p.meta.get("example_value") for p in gm.graph.find_nodes(op="placeholder")]
     if len(fakes) != len(example_inputs) or not any(_has_symbolic_size(f) for f in fakes):
         return list(example_inputs)
-    return [f if isinstance(f, FakeTensor) else x for f, x in zip(fakes, example_inputs)]
+    traced = [f if isinstance(f, FakeTensor) else x for f, x in zip(fakes, example_inputs)]
+    if any(t.requires_grad != x.requires_grad for t, x in zip(traced, example_inputs)
+           if isinstance(x, torch.Tensor)):
+        return list(example_inputs)  # not the values these inputs were captured from
+    return traced
 
 
 def _has_symbolic_size(x):
