@@ -15,7 +15,10 @@
 
 Grad-mode regions inside `gm` (`torch._C._set_grad_enabled` calls) and `detach` take effect
 while tracing step 2, so the gradients they cut are simply absent from the joint graph.
-Parameters and buffers `gm` reads through `get_attr` are treated as extra inputs.
+Parameters and buffers `gm` reads through `get_attr` are treated as extra inputs. With dynamic
+sizes the trace uses the symbolic fake values capture records on the placeholders, so one
+compiled forward and backward serve every size. Double backward through the compiled backward
+is refused with an error (it is not differentiable), never answered with a wrong gradient.
 """
 import dataclasses
 
