@@ -26,12 +26,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.testing._internal.common_methods_invocations import op_db
 
 from kiln.compiler import compile_fx
+from kiln.compiler.aot import AotUnsupported, trace_aten
 from tests.compiler.opinfo_known_failures import KNOWN_FAILURES
 
 INNER = os.environ.get("KILN_OPINFO_INNER", "cpp")
 DTYPES = (torch.float32, torch.int64)
 SAMPLES_PER_OP = 2
-BATCH = 16  # cases per compiled graph: one C++ build for many ops keeps the sweep in budget
+BATCH = 24  # cases per compiled graph: one C++ build for many ops keeps the sweep in budget
 WHOLE_GRAPH = "<whole graph>"  # in kiln_fallbacks: the compiler ran the whole graph eagerly
 # Values are compared as OpInfo does, with assert_close's defaults for the dtype (float32: rtol
 # 1.3e-6, atol 1e-5; integers exact).
@@ -251,10 +252,9 @@ def check_together(cases):
     if error and len(cases) == 1:
         return {cases[0].id: Verdict("failing", error)}
     if error or (len(cases) > 1 and WHOLE_GRAPH in getattr(compiled, "kiln_fallbacks", ())):
-        # Bisect (outside the except block, so tracebacks do not chain): to find the failing
+        # Split (outside the except block, so tracebacks do not chain): to find the failing
         # case, or the one that sent the whole graph to eager, without blaming the others.
-        half = len(cases) // 2
-        return {**check_together(cases[:half]), **check_together(cases[half:])}
+        return {k: v for group in split(cases, whole_graph=error is None) for k, v in check_together(group).items()}
     verdicts = {}
     fallbacks, unsure = fallbacks_by_case(compiled, cases)
     for case, case_outputs, case_args in split_by_case(cases, outputs, args):
@@ -279,6 +279,32 @@ def check_together(cases):
         else:
             verdicts[case.id] = Verdict("lowered")
     return verdicts
+
+
+def split(cases, whole_graph):
+    """Groups to compile apart. For a graph the compiler ran eagerly as a whole, the cases that
+    make it do so (found by tracing each alone: no C++ build) go alone and the rest together;
+    otherwise, and if that finds none, halves."""
+    suspects = [c for c in cases if whole_graph and needs_eager(c)]
+    if 0 < len(suspects) < len(cases):
+        return [[c] for c in suspects] + [[c for c in cases if c not in suspects]]
+    half = len(cases) // 2
+    return [cases[:half], cases[half:]]
+
+
+def needs_eager(case):
+    """Whether `case` alone makes a graph kiln cannot compile: aot refuses it, or its aten graph
+    computes sizes or Python scalars from tensor data."""
+    try:
+        aten = trace_aten(build_graph([r.call for r in case.samples]), fresh(case.tensors))
+    except AotUnsupported:
+        return True
+    for node in aten.gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+                isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape)):
+            return True
+    return False
 
 
 def compile_and_run(cases):
