@@ -84,3 +84,29 @@ def test_error_then_success_on_the_same_compiled_function():
     with pytest.raises(ValueError):
         compiled(torch.ones(2), True)
     torch.testing.assert_close(compiled(torch.ones(2), False), torch.full((2,), 2.0))
+
+
+@kiln.disable
+def refuses(t):
+    raise ValueError("refused outside the graph")
+
+
+def side_effects_then_breaking_error(x, log):
+    log.append(x + 1)
+    x.add_(5)
+    refuses(x)
+    log.append("never")
+
+
+def test_breaking_call_that_raises_sees_prior_side_effects():
+    raise_same(side_effects_then_breaking_error, torch.zeros(3), [], error=ValueError)
+
+
+def test_break_construct_sees_input_mutated_before_it(capsys):
+    def f(x):
+        x.add_(1)
+        print(x.tolist())
+        return x * 2
+    compiled = kiln.compile(f, backend=CompileCounter())
+    compiled(torch.zeros(2))
+    assert capsys.readouterr().out == "[1.0, 1.0]\n"
