@@ -70,6 +70,16 @@ class Expr:
     def op_count(self):
         return sum(1 for e in self.walk() if e.op not in ("load", "const", "index"))
 
+    def cost(self):
+        """Rough compute cost: transcendental functions weigh like several arithmetic ops."""
+        return sum(EXPENSIVE_OPS.get(e.op, 1) for e in self.walk() if e.op not in ("load", "const", "index"))
+
+
+EXPENSIVE_OPS = {name: 8 for name in (
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan",
+    "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "sigmoid", "pow", "atan2", "lgamma")}
+EXPENSIVE_OPS.update(truediv=2, sqrt=2, rsqrt=2)
+
 
 # indirect index symbols (an index read from a tensor) -> the Expr that computes them
 _INDIRECT = {}

@@ -17,8 +17,8 @@ from kiln.compiler.lowerings import LOWERINGS, Fallback, LoweringContext
 from kiln.debug.logs import log
 
 # a lazy value with several users is computed once (realized) when it costs more than this
-# many ops; cheaper ones are recomputed in each consumer, which is faster than memory traffic
-REALIZE_SHARED_OPS = 4
+# (see ir.Expr.cost); cheaper ones are recomputed in each consumer, cheaper than memory traffic
+REALIZE_SHARED_COST = 4
 # any lazy value this big is realized, to keep kernels (and Python tracing) small
 REALIZE_MAX_OPS = 80
 
@@ -127,9 +127,8 @@ class GraphLowering(LoweringContext):
         value = self.env[node]
         if not isinstance(value, ir.TensorValue) or value.view is not None:
             return
-        ops = value.loader(tuple(sympy.Symbol(f"i{k}", integer=True, nonnegative=True)
-                                 for k in range(value.ndim))).op_count()
-        if ops > REALIZE_MAX_OPS or (len(node.users) > 1 and ops > REALIZE_SHARED_OPS):
+        expr = value.loader(tuple(sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(value.ndim)))
+        if expr.op_count() > REALIZE_MAX_OPS or (len(node.users) > 1 and expr.cost() > REALIZE_SHARED_COST):
             self.env[node] = self.realize(value)
 
     # ---- externs -------------------------------------------------------------------------

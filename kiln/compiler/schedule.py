@@ -395,9 +395,23 @@ def _storage(steps, buffers, outputs, readers):
             for node in step.nodes:
                 if node.name not in storage:
                     outside = readers.get(node.name, set()) - {k}
-                    in_scope = _only_read_in_scope(step, node.name)
-                    storage[node.name] = "workspace" if outside or not in_scope else "local"
+                    if outside:
+                        storage[node.name] = "workspace"
+                    elif _only_read_in_scope(step, node.name):
+                        storage[node.name] = "local"
+                    else:
+                        storage[node.name] = "row" if _fits_a_row(step, node) else "workspace"
     return storage
+
+
+# a value computed in one loop of a reduction kernel and read by a later loop at the same outer
+# point lives in a per-thread array of one row (e.g. softmax's exp(x - max)), up to this size
+MAX_ROW_ELEMENTS = 16384
+
+
+def _fits_a_row(kernel, node):
+    return (kernel.role(node) == "inner" and kernel.rnumel != 1 and kernel.rnumel.is_number
+            and int(kernel.rnumel) <= MAX_ROW_ELEMENTS)
 
 
 def _only_read_in_scope(kernel, name):

@@ -43,6 +43,11 @@ def test_softmax_and_log_softmax_are_at_most_two_kernels():
     assert len(kernels(check(lambda x: torch.log_softmax(x, 0), x))) <= 2
 
 
+def test_softmax_keeps_exp_in_a_row_array():
+    c = check(lambda x: torch.softmax(x, -1), torch.randn(16, 300))
+    assert "row_" in c.kiln_source  # exp(x - max) is computed once per element, not twice
+
+
 def test_layer_norm_is_at_most_two_kernels():
     x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
     c = check(lambda x, w, b: F.layer_norm(x, (64,), w, b), x, w, b, atol=1e-5, rtol=1e-4)

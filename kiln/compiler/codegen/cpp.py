@@ -213,10 +213,12 @@ BINARY_CALLS = {"maximum": "kiln_max", "minimum": "kiln_min",
 class ExprPrinter:
     """Prints Exprs into `lines` as typed temporaries, sharing equal subexpressions."""
 
-    def __init__(self, lines, indent, pointers, locals_):
+    def __init__(self, lines, indent, pointers, locals_, rows=None, outer_values=()):
         self.lines, self.indent = lines, indent
         self.pointers = pointers   # buffer name -> C++ pointer name
         self.locals = locals_      # buffer name -> C++ variable holding its value here
+        self.rows = rows or {}     # buffer name -> its element in the per-thread row array
+        self.outer_values = set(outer_values)  # buffers held in registers from before this loop
         self.mapping = {}          # node loop var -> kernel loop expression
         self.memo, self.cse = {}, {}
 
@@ -250,6 +252,8 @@ class ExprPrinter:
             name, index, bindings = e.args
             if name in self.locals and not bindings:
                 return self.locals[name]
+            if name in self.rows:  # fusion guarantees the read is at the point that wrote it
+                return self.temp(("load", self.rows[name]), ctype, self.rows[name])
             extra = {sym: sympy.Symbol(self.expr(value)) for sym, value in bindings}
             code = f"{self.pointers[name]}[{self.index(index, extra)}]"
             if e.dtype == torch.float16:
@@ -258,7 +262,15 @@ class ExprPrinter:
                 code = f"kiln_bf16_load({code})"
             return self.temp(("load", code), ctype, code)
         args = [self.expr(a) for a in e.args]
+        if e.op == "truediv" and ctype in ("float", "double") and self.is_loop_invariant(e.args[1]):
+            # x / s with s fixed for the whole loop: multiply by 1/s, computed once (eager's own
+            # softmax and norms do the same); at most 1 ulp from the quotient
+            return self.temp(("mul_recip", tuple(args), ctype), ctype, f"({args[0]} * (({ctype})1 / {args[1]}))")
         return self.temp((e.op, tuple(args), ctype), ctype, self.op_code(e, args, ctype))
+
+    def is_loop_invariant(self, e):
+        """A value computed before this loop: a reduction result or per-row value of the kernel."""
+        return e.op == "load" and not e.args[2] and e.args[0] in self.outer_values
 
     @staticmethod
     def op_code(e, args, ctype):
@@ -352,6 +364,7 @@ class KernelWriter:
         body_indent = 2 + len(outer)
         body = []
         self.locals = {}
+        self.rows = self.row_arrays(body, body_indent)
         outer_printer = ExprPrinter(body, body_indent, self.pointers, self.locals)
         stages = kernel_stages(k)
         pointwise_only = k.rnumel == 1 and not any(n.is_reduction for n in k.nodes)
@@ -372,7 +385,7 @@ class KernelWriter:
                 names.add(n.name)
         self.pointers, out = {}, []
         for name in sorted(names, key=lambda s: (len(s), s)):
-            if self.program.storage.get(name) == "local":
+            if self.program.storage.get(name) in ("local", "row"):
                 continue
             buf = self.program.buffers[name]
             ctype = CTYPES[buf.layout.dtype]
@@ -383,6 +396,19 @@ class KernelWriter:
             out.append(f"    {const}{ctype}* __restrict__ {name} = ({const}{ctype}*){source};")
             self.pointers[name] = name
         return out
+
+    def row_arrays(self, body, indent):
+        """Declare the per-thread row arrays of this kernel; name -> its element at the point."""
+        rows = {}
+        flat, stride = sympy.Integer(0), sympy.Integer(1)
+        for v, size in zip(reversed(self.inner_vars), reversed(self.inner)):
+            flat += v * stride
+            stride *= size
+        for n in self.kernel.nodes:
+            if self.program.storage[n.name] == "row":
+                body.append("  " * indent + f"{compute_ctype(n.layout.dtype)} row_{n.name}[{int(self.kernel.rnumel)}];")
+                rows[n.name] = f"row_{n.name}[{cindex(flat)}]"
+        return rows
 
     def outer_loops(self, sizes, body, parallel, simd_innermost):
         lines, ind = [], 2
@@ -428,7 +454,9 @@ class KernelWriter:
         local = f"v_{node.name}"
         printer.lines.append("  " * printer.indent + f"{ctype} {local} = {value};")
         self.locals[node.name] = local
-        if self.program.storage[node.name] != "local":
+        if node.name in self.rows:
+            printer.lines.append("  " * printer.indent + f"{self.rows[node.name]} = {local};")
+        elif self.program.storage[node.name] != "local":
             store = printer.index(node.store_index)
             out = f"({CTYPES[dtype]}){local}" if dtype == torch.float16 else (
                 f"kiln_bf16_store({local})" if dtype == torch.bfloat16 else local)
@@ -461,7 +489,7 @@ class KernelWriter:
         simd_ok = all(c is not None for c in clauses) and len(clauses) == len(reductions)
         loop_lines = []
         inner_indent = indent + max(len(self.inner), 0) + (1 if not self.inner else 0)
-        printer = ExprPrinter(loop_lines, inner_indent, self.pointers, self.locals)
+        printer = ExprPrinter(loop_lines, inner_indent, self.pointers, self.locals, self.rows, set(self.locals))
         for node in stage:
             printer.mapping = self.maps[node.name]
             value = printer.expr(node.body)
