@@ -60,6 +60,8 @@ def build(program, entries, lib, ws_size, num_inputs):
     if ws_size:
         src.line(f"ws = torch.empty(({ws_size},), dtype=torch.uint8)")
         src.line("ws_ptr = ws.data_ptr()")
+    elif any(e.uses_workspace for e in entries):
+        src.line("ws_ptr = None  # an empty workspace (zero-size buffers): NULL, never read")
     entry_of = {id(e.kernels[0]): e for e in entries}
     kernel_read = set()
     for step in program.steps:
