@@ -128,3 +128,18 @@ def test_hf_model_single_graph_like_torch_compile(build):
     counter = CompileCounter()
     run_hf(build(), counter)
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("build", [gpt2, bert], ids=["gpt2", "bert"])
+def test_hf_model_varying_sequence_length(build):
+    model = build()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    with torch.no_grad():
+        for length in (16, 12, 20):
+            ids = torch.randint(0, 100, (2, length), generator=torch.Generator().manual_seed(length))
+            mask = torch.ones_like(ids)
+            mask[1, length // 2:] = 0
+            expected, actual = model(input_ids=ids, attention_mask=mask), compiled(input_ids=ids, attention_mask=mask)
+            torch.testing.assert_close(actual[0], expected[0], rtol=1e-4, atol=1e-5)
+    assert counter.frame_count >= 1
