@@ -437,3 +437,40 @@ def test_lazy_submodule_created_in_forward():
     assert isinstance(model.proj, nn.Linear)
     torch.testing.assert_close(out, model(x))
 
+
+
+class ModuleIdioms(nn.Module):
+    def __init__(self):
+        super(ModuleIdioms, self).__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Identity(), nn.Linear(8, 8, bias=False)])
+        self.scales = nn.ParameterList([nn.Parameter(torch.rand(8)) for _ in range(2)])
+        self.extra = nn.ParameterDict({"shift": nn.Parameter(torch.randn(8))})
+        self.register_parameter("unused_bias", None)
+
+    @property
+    def device(self):
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self):
+        return next(iter(self.scales)).dtype
+
+    def forward(self, x):
+        x = x.to(self.device, self.dtype)
+        for layer in self.layers[:2]:
+            x = layer(x)
+        last = self.layers[-1]
+        if getattr(last, "bias", None) is None and self.unused_bias is None:
+            x = last(x)
+        for s in self.scales:
+            x = x * s
+        return x + self.extra["shift"] + sum(p.numel() for p in self.extra.values())
+
+
+def test_common_module_idioms_one_graph():
+    model = ModuleIdioms()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
