@@ -6,6 +6,7 @@ tensors (FakeTensorMode) to learn the result's metadata and records an fx node.
 """
 import builtins
 import collections
+import enum
 import operator
 import re
 import types
@@ -129,9 +130,13 @@ class OutputGraph:
                 else:
                     g.id_match(source, value)
             return ObjectVariable(value, source)
+        if isinstance(value, enum.Enum):  # members are singletons: identity says everything
+            if g:
+                g.id_match(source, value)
+            return ObjectVariable(value, source)
         if g:
             g.type_match(source, value)
-        return ObjectVariable(value, source)
+        return ObjectVariable(value, source, opaque=g is not None)
 
     def _wrap_tensor(self, value, source):
         if source is None:

@@ -46,6 +46,9 @@ def const_value(v, why="a non-constant value"):
     if isinstance(v, ConstantVariable):
         return v.value
     if isinstance(v, ObjectVariable) and not isinstance(v.value, (torch.nn.Module,)):
+        if v.opaque:
+            raise Unsupported(f"{why}: the whole contents of a {type(v.value).__qualname__} object (only its "
+                              f"type is guarded)")
         return v.value
     if isinstance(v, ListVariable):
         return [const_value(i, why) for i in v.items]
@@ -240,7 +243,8 @@ def apply_operator(frame, op, args):
             items = a.items * b.value
             return ListVariable(items) if isinstance(a, ListVariable) else make_tuple(items)
         if op in (operator.eq, operator.ne):
-            if isinstance(a, (ObjectVariable, ConstantVariable)) and isinstance(b, (ObjectVariable, ConstantVariable)):
+            if isinstance(a, (ObjectVariable, ConstantVariable)) and isinstance(b, (ObjectVariable, ConstantVariable)) \
+                    and not _opaque(a, b):
                 if not isinstance(inspect.getattr_static(type(a.value), "__eq__", None), types.FunctionType):
                     return const(op(a.value, b.value))
             if type(a) is not type(b) and not (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
@@ -255,7 +259,8 @@ def apply_operator(frame, op, args):
         cls = a.python_type()
         if _python_dunder(cls, name):
             return call(frame, getattr_var(frame, a, name), args[1:], {})
-    if isinstance(a, ObjectVariable) and all(isinstance(x, (ObjectVariable, ConstantVariable)) for x in args):
+    if isinstance(a, ObjectVariable) and all(isinstance(x, (ObjectVariable, ConstantVariable)) for x in args) \
+            and not _opaque(*args):
         if not _python_dunder(type(a.value), name or "__eq__"):
             try:
                 return result_var(og, op(*(x.value for x in args)))
@@ -286,6 +291,10 @@ def _set_operator(op, args):
         args[0].items = [by_key[k] for k in by_key if k in result]
         return args[0]
     return SetVariable([by_key[k] for k in by_key if k in result])
+
+
+def _opaque(*args):
+    return any(getattr(a, "opaque", False) for a in args)
 
 
 def _is_tuple(v):

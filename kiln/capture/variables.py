@@ -72,10 +72,13 @@ def const(value):
 
 
 class ObjectVariable(Variable):
-    """An existing object, used by identity: modules, functions, classes, Python modules, user objects."""
+    """An existing object, used by identity: modules, functions, classes, Python modules, user objects.
 
-    def __init__(self, value, source=None):
-        self.value, self.source = value, source
+    `opaque`: only the object's type is guarded (a user object passed in), so its contents may differ
+    on the next call and must not be folded into the graph as a whole (str(obj), obj == k)."""
+
+    def __init__(self, value, source=None, opaque=False):
+        self.value, self.source, self.opaque = value, source, opaque
 
     def python_type(self):
         return type(self.value)

@@ -76,3 +76,21 @@ def test_ordered_dict_keeps_its_type():
         return d
     out = kiln.compile(f, backend=CompileCounter())(torch.ones(1))
     assert type(out) is collections.OrderedDict and list(out) == ["b", "a"]
+
+
+class Box:
+    def __init__(self, v):
+        self.v = v
+
+    def __repr__(self):
+        return f"Box({self.v})"
+
+
+def test_objects_guarded_by_type_are_not_folded_whole():
+    # only type(box) is guarded, so repr(box) must not be baked into the entry
+    def f(x, box):
+        return x + len(repr(box))
+    compiled = kiln.compile(f, backend=CompileCounter())
+    x = torch.zeros(1)
+    assert compiled(x, Box(1)).item() == len("Box(1)")
+    assert compiled(x, Box(12345)).item() == len("Box(12345)")
