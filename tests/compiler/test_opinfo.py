@@ -397,3 +397,34 @@ def test_op(op, dtype, sweep, request):
         pytest.skip(verdict.detail)
     if verdict.outcome == "failing":
         pytest.fail(verdict.detail, pytrace=False)
+
+
+# ---- the sweep checks itself: a wrong or crashing compiler must show up on the right op -------
+
+def broken_compiler(wrong_op, crashing_op):
+    """A stand-in for compile_fx (without the inspection API): adds 1 to every result of graphs
+    that call `wrong_op`, raises on graphs that call `crashing_op`, runs other graphs as they are."""
+    def compile(gm, example_inputs, inner):
+        called = {n.target.__name__ for n in gm.graph.nodes if n.op == "call_function"}
+        if f"call_{crashing_op}" in called:
+            raise RuntimeError(f"cannot compile {crashing_op}")
+
+        def run(*args):
+            out = gm(*args)
+            if f"call_{wrong_op}" in called:
+                out = pytree.tree_map(lambda t: t + 1 if isinstance(t, torch.Tensor) else t, out)
+            return out
+        return run
+    return compile
+
+
+def test_sweep_blames_the_right_ops(monkeypatch):
+    monkeypatch.setitem(globals(), "compile_fx", broken_compiler("neg", "exp"))
+    ops = {op.name: op for op in op_db if op.name in ("abs", "neg", "exp", "sin") and not op.variant_test_name}
+    sweep = Sweep([Case(name, ops[name], torch.float32) for name in ("abs", "neg", "exp", "sin")])
+    outcome = {name: sweep.verdict(name) for name in ("abs", "neg", "exp", "sin")}
+    assert outcome["neg"].outcome == "failing" and "wrong answer" in outcome["neg"].detail
+    assert outcome["exp"].outcome == "failing" and "cannot compile exp" in outcome["exp"].detail
+    # abs shares a graph with neg, whose +1 reaches every output: right alone, so an interaction
+    assert outcome["abs"].outcome == "failing" and "right when compiled alone" in outcome["abs"].detail
+    assert outcome["sin"].outcome == "unknown"  # right, split from exp; the stand-in has no inspection API
