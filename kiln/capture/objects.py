@@ -556,7 +556,8 @@ def _object_attr(frame, obj, name, plain=False):
         if isinstance(raw, staticmethod):
             return og.wrap(raw.__func__, None, guard=False)
         attr = getattr(value, name)
-        return og.wrap(attr, AttrSource(source, name) if source else None, guard=source is not None)
+        # a class attribute can be reassigned between calls: reload and guard it through the class
+        return og.wrap(attr, AttrSource(source if source else ConstSource(value), name))
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or callable(value) \
             and not hasattr(value, "__dict__"):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
@@ -605,7 +606,8 @@ def _class_attr(frame, obj, cls, name):
         if isinstance(raw, (types.MemberDescriptorType, types.GetSetDescriptorType)) and isinstance(obj, ObjectVariable):
             return og.wrap(getattr(obj.value, name), None, guard=False)  # a slot of an object known by value
         raise Unsupported(f"descriptor {type(raw).__name__} {name}")
-    return og.wrap(raw, None, guard=False) if not is_constant(raw) else const(raw)
+    # a class-level value (MyClass.scale): guarded through the class, which may be reassigned later
+    return og.wrap(raw, AttrSource(ConstSource(cls), name))
 
 
 def _super_attr(frame, sup, name):

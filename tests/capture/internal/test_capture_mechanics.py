@@ -94,3 +94,23 @@ def test_objects_guarded_by_type_are_not_folded_whole():
     x = torch.zeros(1)
     assert compiled(x, Box(1)).item() == len("Box(1)")
     assert compiled(x, Box(12345)).item() == len("Box(12345)")
+
+
+class Scaler:
+    factor = 2.0
+
+    def apply(self, x):
+        return x * self.factor
+
+
+def test_class_attribute_change_is_not_stale():
+    def f(x):
+        return Scaler().apply(x)  # a new object: `factor` comes from the class
+    compiled = kiln.compile(f, backend=CompileCounter())
+    x = torch.ones(1)
+    assert compiled(x).item() == 2.0
+    Scaler.factor = 5.0
+    try:
+        assert compiled(x).item() == 5.0
+    finally:
+        Scaler.factor = 2.0
