@@ -76,3 +76,13 @@ def test_threads_compiled_module_compiled_once():
         for got, x in zip(results, inputs):
             torch.testing.assert_close(got, model(x))
     assert counter.frame_count == 1
+
+
+@pytest.mark.torch_differs("each thread compiles its own entries")
+def test_threads_two_shapes_compiled_once_each():
+    counter = CompileCounter()
+    compiled = kiln.compile(block, backend=counter, dynamic=False)
+    inputs = [torch.randn(4 if i % 2 else 6, 4) for i in range(N_THREADS)]
+    for got, x in zip(run_in_threads(compiled, inputs), inputs):
+        torch.testing.assert_close(got, block(x))
+    assert counter.frame_count == 2
