@@ -26,11 +26,6 @@ KERNEL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.i
                  torch.bool) + HALF_DTYPES
 
 
-def compute_dtype(dtype):
-    """The dtype a kernel computes `dtype` values in."""
-    return torch.float32 if dtype in HALF_DTYPES else dtype
-
-
 class Expr:
     """A scalar expression node: `op` applied to `args`, producing a `dtype` value.
 
@@ -90,10 +85,6 @@ def indirect(value):
     sym = sympy.Symbol(f"ind{len(_INDIRECT)}", integer=True)
     _INDIRECT[sym] = value
     return sym
-
-
-def is_indirect(sym):
-    return sym in _INDIRECT
 
 
 def const(value, dtype):

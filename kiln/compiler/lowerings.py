@@ -723,7 +723,8 @@ def var_and_mean(ctx, x, dims, correction, keepdim, dtype):
         return op("mul", dev, dev)
     sq = reduction(ctx, x, dims, keepdim, "sum", compute, value_fn=squared_deviation)
     denominator = max(float(n) - correction, 0.0)
-    var = TensorValue(sq.sizes, dtype, lambda idx: cast(op("truediv", sq.loader(idx), const(denominator, compute)), dtype))
+    var = TensorValue(sq.sizes, dtype,
+                      lambda idx: cast(op("truediv", sq.loader(idx), const(denominator, compute)), dtype))
     if keepdim:
         mean_out = mean_kept
     else:
@@ -748,7 +749,8 @@ def var(ctx, x, dims=None, correction=None, keepdim=False):
 @register(aten.std.correction)
 def std(ctx, x, dims=None, correction=None, keepdim=False):
     v = var(ctx, x, dims, correction, keepdim)
-    return TensorValue(v.sizes, v.dtype, lambda idx: cast(op("sqrt", cast(v.loader(idx), calc_dtype(v.dtype))), v.dtype))
+    return TensorValue(v.sizes, v.dtype,
+                       lambda idx: cast(op("sqrt", cast(v.loader(idx), calc_dtype(v.dtype))), v.dtype))
 
 
 @register(aten.var_mean.correction)
@@ -771,7 +773,8 @@ def softmax(ctx, x, dim, half_to_float=False):
 
     def shifted(idx):
         return op("sub", xs.loader(idx), peak.loader(keepdim_index(idx, dims)))
-    total = reduction(ctx, TensorValue(x.sizes, compute, lambda idx: op("exp", shifted(idx))), dims, True, "sum", compute)
+    exps = TensorValue(x.sizes, compute, lambda idx: op("exp", shifted(idx)))
+    total = reduction(ctx, exps, dims, True, "sum", compute)
     if ctx.current_node.target == aten._log_softmax.default:
         fn = lambda idx: op("sub", shifted(idx), op("log", total.loader(keepdim_index(idx, dims))))  # noqa: E731
     else:
@@ -799,7 +802,8 @@ def native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
             y = op("add", y, cast(bias.loader(idx[first:]), compute))
         return cast(y, dtype)
     out = TensorValue(x.sizes, dtype, fn)
-    stats = [TensorValue(v.sizes, stat_dtype, lambda idx, v=v: cast(v.loader(idx), stat_dtype)) for v in (mean_kept, rstd)]
+    stats = [TensorValue(v.sizes, stat_dtype, lambda idx, v=v: cast(v.loader(idx), stat_dtype))
+             for v in (mean_kept, rstd)]
     return (out, *stats)
 
 
@@ -868,7 +872,8 @@ def constant_pad_nd(ctx, x, pad, value=0):
 def wrapped_index(value, size):
     """An int64 index Expr with negative values counted from the end (as eager's indexing)."""
     v = cast(value, torch.int64)
-    return op("where", op("lt", v, const(0, torch.int64), dtype=torch.bool), op("add", v, const(int(size), torch.int64)), v)
+    negative = op("lt", v, const(0, torch.int64), dtype=torch.bool)
+    return op("where", negative, op("add", v, const(int(size), torch.int64)), v)
 
 
 @register(aten.embedding.default)

@@ -43,8 +43,7 @@ class _Source:
         if isinstance(value, float):
             return repr(value) if math.isfinite(value) else f"float({repr(str(value))})"
         if isinstance(value, (list, tuple)):
-            items = [self.literal(v) for v in value]
-            return f"[{', '.join(items)}]" if isinstance(value, list) else f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+            return _sequence([self.literal(v) for v in value], isinstance(value, list))
         return self.constant(value, "c")
 
 
@@ -101,9 +100,15 @@ def build(program, entries, lib, ws_size, num_inputs):
     return scope["kiln_graph"], code
 
 
-def _ints(xs):
-    items = [str(int(x)) for x in xs]
+def _sequence(items, is_list=False):
+    """Python source for a list or tuple of item sources."""
+    if is_list:
+        return f"[{', '.join(items)}]"
     return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+
+def _ints(xs):
+    return _sequence([str(int(x)) for x in xs])
 
 
 def _view(name, layout):
@@ -116,8 +121,7 @@ def _extern(src, call, buffers, kernel_read):
         if isinstance(a, ir.BufferArg):
             return a.name if a.layout is None else _view(a.name, a.layout)
         if isinstance(a, (list, tuple)):
-            items = [arg(x) for x in a]
-            return f"[{', '.join(items)}]" if isinstance(a, list) else f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+            return _sequence([arg(x) for x in a], isinstance(a, list))
         return src.literal(a)
     args = [arg(a) for a in call.args] + [f"{k}={arg(v)}" for k, v in call.kwargs.items()]
     target = src.constant(call.target, "aten_")

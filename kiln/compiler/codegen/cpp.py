@@ -82,7 +82,9 @@ template <typename T> static inline T kiln_ipow(T base, T exp) {
   return result;
 }
 static inline float kiln_round_f16(float x) { return (float)(_Float16)x; }
-static inline float kiln_bf16_load(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline float kiln_bf16_load(uint16_t v) {
+  uint32_t u = (uint32_t)v << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
 static inline uint16_t kiln_bf16_store(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);
   if (f != f) return 0x7fc0;
