@@ -81,10 +81,11 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
         decompositions = lowering_decompositions()
     example_inputs = list(example_inputs)
     _check_strided(example_inputs)
+    trace_inputs = _symbolic_example_values(gm) or example_inputs
     state_names, state = _module_tensors(gm)
     run, out_specs = _flat_function(gm, len(example_inputs), state_names)
     try:
-        traced = _functional_trace(run, decompositions, example_inputs, state)
+        traced = _functional_trace(run, decompositions, trace_inputs, state)
     except (*DATA_DEPENDENT, RuntimeError) as e:
         if not isinstance(e, DATA_DEPENDENT) and FAKE_DATA_READ not in str(e):
             raise
@@ -93,7 +94,7 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
     if _mutates_intermediates(traced.graph):
         # Decompositions run below functionalization, so one that uses in-place ops (isclose,
         # rms_norm, diff, ...) leaves them in the graph; a second functional pass removes them.
-        traced = _functional_trace(traced, decompositions, example_inputs, state)
+        traced = _functional_trace(traced, decompositions, trace_inputs, state)
 
     graph = traced.graph
     placeholders = graph.find_nodes(op="placeholder")
@@ -120,6 +121,20 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
                  len(mutated_state), [(a.output_index, a.input_index) for a in aliases],
                  traced.print_readable(print_output=False))
     return aten
+
+
+def _symbolic_example_values(gm):
+    """The placeholders' fake example values, when capture made some sizes symbolic (dynamic
+    shapes): tracing those, not the real inputs, keeps the graph valid for every size capture
+    will call it with. None when all sizes are static."""
+    values = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
+    symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, FakeTensor) and _has_symbols(v))
+                   for v in values)
+    return values if symbolic and all(v is not None for v in values) else None
+
+
+def _has_symbols(t):
+    return any(free_symbols(s) for s in (*t.shape, *t.stride()))
 
 
 def _check_strided(example_inputs):
@@ -177,10 +192,9 @@ def _shape(x):
 
 
 def _tracing_mode(example_inputs):
-    """"symbolic" when the inputs already carry symbolic sizes (fake tensors from capture)."""
+    """"symbolic" when the inputs carry symbolic sizes (capture's fake example values)."""
     for x in example_inputs:
-        if isinstance(x, torch.SymInt) or (isinstance(x, FakeTensor) and
-                                           any(free_symbols(s) for s in (*x.shape, *x.stride()))):
+        if isinstance(x, torch.SymInt) or (isinstance(x, FakeTensor) and _has_symbols(x)):
             return "symbolic"
     return "fake"
 

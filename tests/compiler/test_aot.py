@@ -214,6 +214,29 @@ def test_fake_example_inputs_are_accepted():
     torch.testing.assert_close(run(*real), f(*real))
 
 
+def test_symbolic_example_values_make_a_graph_for_every_size():
+    """Capture marks dynamic sizes in the placeholders' fake example values, while the example
+    inputs are real: the aten graph must follow the symbolic sizes, not the example's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+
+    def f(x, y):
+        return (x * 2 + y).softmax(-1).sum(0), x.reshape(-1)
+
+    gm = torch.fx.symbolic_trace(f)
+    x, y = torch.randn(3, 4), torch.randn(4)
+    dynamic_rows = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    fakes = [mode.from_tensor(x, symbolic_context=dynamic_rows), mode.from_tensor(y)]
+    for node, fake in zip(gm.graph.find_nodes(op="placeholder"), fakes):
+        node.meta["example_value"] = fake
+    aten_graph = trace_aten(gm, [x, y])
+    run = make_runner(aten_graph, aten_graph.gm)
+    for rows in (3, 5, 9):
+        x = torch.randn(rows, 4)
+        assert_equal_state(run(x, y), f(x, y))
+
+
 def test_reshaping_an_input_in_place_is_refused():
     def f(x):
         x.t_()
