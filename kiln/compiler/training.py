@@ -71,17 +71,15 @@ class _GradModeVariants:
         return TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)
 
 
-class FlatGraph(torch.nn.Module):
+class FlatGraph:
     """`gm` as a function of (*inputs, *module tensors): the parameters and buffers it reads
     through `get_attr` become inputs, so they get gradients and write-backs as inputs do."""
 
     def __init__(self, gm):
-        super().__init__()
         named = {**dict(gm.named_parameters()), **dict(gm.named_buffers())}
-        self.__dict__["gm"] = gm  # not a submodule: this module has no tensors of its own
-        self.names, self.state = list(named), list(named.values())
+        self.gm, self.names, self.state = gm, list(named), list(named.values())
 
-    def forward(self, *flat):
+    def __call__(self, *flat):
         if not self.names:
             return self.gm(*flat)
         num_inputs = len(flat) - len(self.names)
@@ -218,14 +216,16 @@ def _write_back(sig, args, new_values):
 
 
 def analyse(flat_graph, primals, fake_mode, decompositions):
-    """The signature of `flat_graph` on `primals`: writes and aliases from the aot trace (which
-    sees writes hidden inside ops, such as batch norm's running stats); requires_grad from a
-    fake run with grad on."""
-    aten_graph = trace_aten(flat_graph, _detached(primals), decompositions)
+    """The signature of `flat_graph` on `primals`: writes and aliases from the aot trace of the
+    user graph (which sees writes hidden inside ops, such as batch norm's running stats);
+    requires_grad from a fake run with grad on."""
+    num_inputs = len(primals) - len(flat_graph.state)
+    aten_graph = trace_aten(flat_graph.gm, _detached(primals[:num_inputs]), decompositions)
     aliases = tuple((a.output_index, a.input_index, a.view) for a in aten_graph.output_aliases)
     aliased = {k for k, _, _ in aliases}
     computed = tuple(k for k in range(aten_graph.num_user_outputs) if k not in aliased)
-    mutated = tuple(aten_graph.mutated_inputs)
+    state_index = {id(t): num_inputs + k for k, t in enumerate(flat_graph.state)}
+    mutated = tuple(aten_graph.mutated_inputs) + tuple(state_index[id(t)] for t in aten_graph.mutated_attrs)
     requires_grad = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in primals)
     cloned = {i for i in mutated if requires_grad[i]}
     fakes = _fakes(fake_mode, primals)
