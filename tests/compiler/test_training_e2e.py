@@ -192,3 +192,39 @@ def test_batch_size_changes(backend, dynamic):
         expected.square().sum().backward()
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+class _ClampedWithStats(nn.Module):
+    """Writes to a parameter and a buffer under no_grad, returns a tuple with an integer tensor and
+    a dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 3)
+        self.register_buffer("ema", torch.zeros(16))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.l1.weight.clamp_(-0.5, 0.5)
+        h = F.relu(self.l1(x))
+        with torch.no_grad():
+            self.ema.mul_(0.9).add_(0.1 * h.mean(0))
+        return self.l2(h), h.argmax(-1), {"norm": h.norm().detach()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writes_to_parameters_and_buffers_under_no_grad(backend):
+    torch.manual_seed(0)
+    model = _ClampedWithStats()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend=backend)
+    for _ in range(2):
+        x = torch.randn(5, 8)
+        (out, idx, stats), (expected, expected_idx, expected_stats) = compiled(x), reference(x)
+        assert compiled_by_kiln(out)
+        torch.testing.assert_close((out, idx, stats), (expected, expected_idx, expected_stats))
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close((p, p.grad), (q, q.grad))
+        torch.testing.assert_close(model.ema, reference.ema)
