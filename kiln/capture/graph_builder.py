@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.capture.guards import GuardSet
 from kiln.capture.side_effects import SideEffects
-from kiln.capture.sources import AttrSource, ItemSource
+from kiln.capture.sources import AttrSource, GlobalSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable,
                                     SymNodeVariable, TensorVariable, TupleVariable, is_constant)
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
@@ -117,7 +117,9 @@ class OutputGraph:
             items = {k: self.wrap(v, ItemSource(source, k) if source else None, guard) for k, v in value.items()}
             return DictVariable(items, source, type(value))
         if isinstance(value, types.ModuleType):
-            if g and not is_library_module(value):
+            # user modules, and the user's own global names for library modules (`torch` could be
+            # rebound), are checked by identity; library internals' imports are trusted
+            if g and (not is_library_module(value) or isinstance(source, GlobalSource) and source.root):
                 g.id_match(source, value)
             return ObjectVariable(value, source)
         if isinstance(value, (torch.nn.Module, types.FunctionType, types.BuiltinFunctionType, type,

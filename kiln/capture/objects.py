@@ -14,6 +14,7 @@ import torch
 
 from kiln.capture import interpreter as interp
 from kiln.capture.disable import is_disabled_function
+from kiln.capture.graph_builder import is_library_module
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
                                     DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable,
@@ -536,8 +537,9 @@ def _object_attr(frame, obj, name, plain=False):
             attr = getattr(value, name)
         except AttributeError as e:
             raise Unsupported(f"AttributeError: {e}") from e
+        # attributes of library modules (torch.sin) are fixed: no guard per function used
         return og.wrap(attr, AttrSource(source, name) if source else None,
-                       guard=source is not None)
+                       guard=source is not None and not is_library_module(value))
     if isinstance(value, torch.nn.Module):
         d = value.__dict__
         if name in d:
