@@ -91,3 +91,27 @@ def test_zero_dim_tensor_argument():
     for s in (torch.tensor(2.0), torch.tensor(-1.0)):
         x = torch.randn(3)
         torch.testing.assert_close(compiled(x, s), f(x, s))
+
+
+def test_module_varying_batch_recompiles_at_most_once():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.GELU())
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    for batch in (2, 3, 5, 8, 13):
+        x = torch.randn(batch, 4)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count <= 2
+
+
+def test_varying_size_with_graph_break(capsys):
+    def f(x):
+        y = x.cumsum(0)
+        print(y.shape[0])
+        return y / y.shape[0]
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter)
+    for n in (2, 3, 6, 9):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert capsys.readouterr().out == "".join(f"{n}\n{n}\n" for n in (2, 3, 6, 9))
+    assert counter.frame_count <= 4
