@@ -380,7 +380,7 @@ def view_map(x, sizes, index_map):
         poly = flat.as_poly(*syms) if syms else None
         if not syms or (poly is not None and poly.total_degree() <= 1):
             strides = tuple(flat.coeff(s) if sz != 1 else sympy.Integer(0) for s, sz in zip(syms, sizes))
-            offset = flat.subs({s: 0 for s in syms})
+            offset = flat.xreplace({s: ZERO for s in syms})
             # torch has no negative strides: such views (flip) stay index maps
             if all(st.is_number and st >= 0 for st in strides) and offset.is_number:
                 layout = ir.Layout(sizes, strides, x.dtype, offset)

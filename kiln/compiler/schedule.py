@@ -131,7 +131,7 @@ def _merge_dims(body, store, sizes, rsizes):
             a, b = names[k], names[k + 1]
             if all(_mergeable(e, a, b, dims[k + 1]) for e in exprs):
                 # the merged variable keeps b's name: a*size_b + b == merged
-                exprs = [sympy.expand(e.subs(a, 0)) for e in exprs]
+                exprs = [sympy.expand(e.xreplace({a: sympy.Integer(0)})) for e in exprs]
                 renames[a] = sympy.Integer(0)
                 dims[k + 1] = dims[k] * dims[k + 1]
                 del dims[k], names[k]
@@ -141,7 +141,7 @@ def _merge_dims(body, store, sizes, rsizes):
                 renames[name] = loop_var(prefix, new_k)
     if not renames:
         return body, store, sizes, rsizes
-    return substitute(body, renames), sympy.expand(store.subs(renames, simultaneous=True)), sizes, rsizes
+    return substitute(body, renames), sympy.expand(store.xreplace(renames)), sizes, rsizes
 
 
 def substitute(expr, mapping):
@@ -153,10 +153,10 @@ def substitute(expr, mapping):
             return memo[id(e)]
         if e.op == "load":
             name, index, bindings = e.args
-            new = ir.Expr("load", (name, sympy.expand(index.subs(mapping, simultaneous=True)),
+            new = ir.Expr("load", (name, sympy.expand(index.xreplace(mapping)),
                                    tuple((s, go(v)) for s, v in bindings)), e.dtype)
         elif e.op == "index":
-            new = ir.Expr("index", (sympy.expand(e.args[0].subs(mapping, simultaneous=True)),), e.dtype)
+            new = ir.Expr("index", (sympy.expand(e.args[0].xreplace(mapping)),), e.dtype)
         else:
             new = ir.Expr(e.op, tuple(go(a) if isinstance(a, ir.Expr) else a for a in e.args), e.dtype)
         memo[id(e)] = new
@@ -289,8 +289,8 @@ def try_fuse(kernel, node, epilogue_fusion=True):
             continue
         if bindings or candidate.role(node) == "outer" and candidate.role(producer) == "inner":
             return False
-        mine = sympy.expand(index.subs(maps[node.name], simultaneous=True))
-        theirs = sympy.expand(producer.store_index.subs(maps[producer.name], simultaneous=True))
+        mine = sympy.expand(index.xreplace(maps[node.name]))
+        theirs = sympy.expand(producer.store_index.xreplace(maps[producer.name]))
         if mine != theirs:
             return False
     kernel.nodes.append(node)

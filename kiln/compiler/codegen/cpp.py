@@ -235,7 +235,7 @@ class ExprPrinter:
     def index(self, e, extra=None):
         mapping = dict(self.mapping)
         mapping.update(extra or {})
-        return cindex(sympy.expand(e.subs(mapping, simultaneous=True)))
+        return cindex(sympy.expand(e.xreplace(mapping)))
 
     def expr(self, e):
         key = (id(e), tuple(sorted(self.mapping.items(), key=str)))
