@@ -81,3 +81,17 @@ def test_explain_report_text(capsys):
 def test_tensor_guard_states_dtype_and_shape(explained):
     tensor_guards = [str(g) for g in explained.guards if "L['x']" in str(g)]
     assert any("float32" in g and "3" in g for g in tensor_guards), tensor_guards
+
+
+def test_explain_module_with_a_break(capsys):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            y = self.a(x)
+            print("between layers")
+            return self.b(y)
+    explanation = kiln.explain(M())(torch.randn(2, 3))
+    assert explanation.graph_count == 2 and explanation.graph_break_count == 1
