@@ -12,6 +12,7 @@ from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, FreshObjectVariable,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SymNodeVariable, TensorVariable, TupleVariable)
+from kiln.capture.graph_builder import size_source
 from kiln.capture.objects import specialize
 from kiln.exc import Unsupported
 
@@ -53,7 +54,13 @@ class Glue:
                 return repr(v)
             return self.const(v, "K")
         if isinstance(var, SymNodeVariable):
-            return repr(specialize(var))
+            found = size_source(self.og, var.value)
+            if found is None:
+                return repr(specialize(var))  # an expression of sizes: pinned by the shape guards
+            name = self._new_tmp()  # a dynamic size itself: read again from the input at run time
+            self._tmp[id(var)] = name
+            self.emit(f"{name} = {found[0].expr(self.ctx)}.size({found[1]})")
+            return name
         if isinstance(var, interp.RealCell):
             return var.source.expr(self.ctx).rsplit(".cell_contents", 1)[0]
         name = self._new_tmp()

@@ -69,6 +69,7 @@ class OutputGraph:
         self.dynamic_dims = dynamic_dims or (lambda source, t: ())
         self.dynamic_inputs = []  # (fake, ShapeSource)
         self.dynamic_input_dims = {}  # id(fake) -> dims made symbolic
+        self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
         self.guards = GuardSet()
         self.side_effects = SideEffects()
         self.inputs = []  # (source, real tensor, node) in placeholder order
@@ -156,6 +157,7 @@ class OutputGraph:
                                                           for d in range(value.dim())])
             fake = self.fake_mode.from_tensor(value, symbolic_context=ctx, source=shape_source)
             self.dynamic_inputs.append((fake, shape_source))
+            self.shape_source_of[shape_source] = source
             self.dynamic_input_dims[id(fake)] = dims
         else:
             self.guards.tensor_match(source, value)
@@ -288,6 +290,18 @@ class OutputGraph:
 def _has_symbols(leaves):
     return any(isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not x.node.expr.is_number
                for x in leaves)
+
+
+def size_source(og, symint):
+    """(Source of a tensor input, dim) when `symint` is exactly that input's dynamic size, else None."""
+    expr = symint.node.expr
+    if not expr.is_Symbol:
+        return None
+    for src in og.shape_env.var_to_sources.get(expr, ()):
+        base, idx = getattr(src, "base", None), getattr(src, "idx", None)
+        if base in og.shape_source_of and idx is not None and "SIZE" in str(getattr(src, "prop", "")):
+            return og.shape_source_of[base], idx
+    return None
 
 
 def _concrete(x):

@@ -65,7 +65,13 @@ def explain(fn, *args, **kwargs):
         runtime.observers.remove(on_entry)
         runtime.eager_observers.remove(on_eager)
         runtime.forget_backend(backend)
-    reasons = [BreakReason(e.break_reason.msg, e.break_reason.where) for e in entries if e.break_reason]
+    # a break inside an inlined call also breaks each enclosing frame at its call site; it is one
+    # construct in the user's code, so it is reported once
+    seen, reasons = set(), []
+    for e in entries:
+        if e.break_reason and (e.break_reason.msg, e.break_reason.where) not in seen:
+            seen.add((e.break_reason.msg, e.break_reason.where))
+            reasons.append(BreakReason(e.break_reason.msg, e.break_reason.where))
     reasons += [BreakReason(r, None) for r in eager]
     guards = [g for e in entries for g in e.guards]
     out = ExplainOutput(graphs, reasons, guards, eager)
