@@ -254,7 +254,7 @@ def check_together(cases):
         # Split (outside the except block, so tracebacks do not chain): to find the failing
         # case, or the one that sent the whole graph to eager, without blaming the others.
         return {k: v for group in split(cases, whole_graph=error is None) for k, v in check_together(group).items()}
-    verdicts = {}
+    verdicts, recheck = {}, []
     fallbacks, unsure = fallbacks_by_case(compiled, cases)
     for case, case_outputs, case_args in split_by_case(cases, outputs, args):
         problem = None
@@ -270,13 +270,18 @@ def check_together(cases):
         if problem:
             verdicts[case.id] = Verdict("failing", problem)
         elif case.id in unsure and len(cases) > 1:
-            verdicts[case.id] = check_together([case])[case.id]
+            recheck.append(case)
         elif fallbacks is None:
             verdicts[case.id] = Verdict("unknown")
         elif fallbacks[case.id]:
             verdicts[case.id] = Verdict("fallback", "through aten: " + ", ".join(fallbacks[case.id]))
         else:
             verdicts[case.id] = Verdict("lowered")
+    # Unsure attributions: the unsure cases again in a smaller graph (halves if all were unsure).
+    groups = [recheck] if len(recheck) < len(cases) else [recheck[:len(recheck) // 2], recheck[len(recheck) // 2:]]
+    for group in groups:
+        if group:
+            verdicts.update(check_together(group))
     return verdicts
 
 
