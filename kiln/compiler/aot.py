@@ -130,7 +130,10 @@ def _symbolic_example_values(gm):
     values = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
     symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, FakeTensor) and _has_symbols(v))
                    for v in values)
-    return values if symbolic and all(v is not None for v in values) else None
+    if not symbolic or any(v is None for v in values):
+        return None
+    # detached: functionalization writes mutated inputs back, which a leaf requiring grad refuses
+    return [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def _has_symbols(t):
