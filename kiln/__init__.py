@@ -2,8 +2,10 @@
 from kiln.api import OptimizedModule, compile, list_mode_options, list_options, reset
 from kiln.backends import list_backends, register_backend
 from kiln.capture.disable import disable
+from kiln.capture.dynamic import mark_dynamic, mark_static
 from kiln.config import config
-from kiln.exc import BackendCompilerFailed, InvalidArgument, InvalidBackend, KilnError, Unsupported
+from kiln.exc import (BackendCompilerFailed, ConstraintViolation, InvalidArgument, InvalidBackend, KilnError,
+                      Unsupported)
 
 
 def explain(fn, *args, **kwargs):
@@ -13,6 +15,6 @@ def explain(fn, *args, **kwargs):
 
 
 __all__ = ["compile", "config", "disable", "explain", "list_backends", "list_mode_options", "list_options",
-           "register_backend", "reset", "OptimizedModule", "BackendCompilerFailed", "InvalidArgument",
-           "InvalidBackend", "KilnError", "Unsupported"]
+           "mark_dynamic", "mark_static", "register_backend", "reset", "OptimizedModule", "BackendCompilerFailed",
+           "ConstraintViolation", "InvalidArgument", "InvalidBackend", "KilnError", "Unsupported"]
 __version__ = "0.1.0"

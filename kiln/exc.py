@@ -37,3 +37,14 @@ class BackendCompilerFailed(KilnError):
         self.backend_name = backend_name
         self.cause = cause
         super().__init__(f"backend {backend_name!r} raised {type(cause).__name__}: {cause}")
+
+
+class ConstraintViolation(KilnError):
+    """A dim marked with kiln.mark_dynamic that the program forces static (or outside its bounds).
+
+    Names the input dim and, when known, the user's line that specialized it.
+    """
+
+    def __init__(self, msg, *, source=None, dim=None, where=None):
+        self.source, self.dim, self.where = source, dim, where
+        super().__init__(msg)

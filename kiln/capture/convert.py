@@ -171,6 +171,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
         tail, reason = [f"return {ret}"], None
     graph_fn, gm = _compile_graph(og, glue, backend, code)
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
+    og.watch.check_marked(code)
     for expr in shape_guards(og):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()

@@ -17,12 +17,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
+from kiln.capture import dynamic
 from kiln.capture.guards import GuardSet
+from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import AttrSource, GlobalSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable,
                                     SymNodeVariable, TensorVariable, TupleVariable, is_constant)
-from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 import torch._guards
 from kiln.exc import Unsupported
 
@@ -62,11 +63,12 @@ class ShapeSource(torch._guards.Source):
 
 class OutputGraph:
     def __init__(self, code_name, dynamic_dims=None):
-        """`dynamic_dims(source) -> set of dims` says which sizes of an input stay symbolic."""
+        """`dynamic_dims(source, tensor) -> {dim: reason}` says which sizes of an input are symbolic."""
         self.graph = torch.fx.Graph()
         self.shape_env = ShapeEnv()
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
-        self.dynamic_dims = dynamic_dims or (lambda source, t: ())
+        self.dynamic_dims = dynamic_dims or (lambda source, t: {})
+        self.watch = ShapeWatch(self.shape_env)
         self.dynamic_inputs = []  # (fake, ShapeSource)
         self.dynamic_input_dims = {}  # id(fake) -> dims made symbolic
         self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
@@ -149,16 +151,16 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported")
         if value.is_sparse or value.layout != torch.strided:
             raise Unsupported("sparse tensors are not supported")
-        dims = set(self.dynamic_dims(source, value)) if value.dim() else set()
+        dims = self.dynamic_dims(source, value) if value.dim() else {}
         if dims:
-            self.guards.tensor_match(source, value, dynamic=dims)
+            self.guards.tensor_match(source, value, dynamic=set(dims))
             shape_source = ShapeSource(source.expr(self.guards.ctx))
-            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
-                                                          for d in range(value.dim())])
-            fake = self.fake_mode.from_tensor(value, symbolic_context=ctx, source=shape_source)
+            fake = self.fake_mode.from_tensor(value, symbolic_context=dynamic.symbolic_context(value, dims),
+                                              source=shape_source)
             self.dynamic_inputs.append((fake, shape_source))
             self.shape_source_of[shape_source] = source
-            self.dynamic_input_dims[id(fake)] = dims
+            self.dynamic_input_dims[id(fake)] = set(dims)
+            self.watch.add_input(fake, source, dims, dynamic.marked_bounds(value))
         else:
             self.guards.tensor_match(source, value)
             fake = self.fake_mode.from_tensor(value, static_shapes=True)

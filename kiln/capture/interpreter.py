@@ -159,6 +159,8 @@ class Frame:
                 raise
             except RecursionError:
                 raise Unsupported("recursion too deep during capture")
+            if self.og.watch.dims:  # attribute new shape guards to the user line that made them
+                self.og.watch.after_step(self, inst)
             if result is not None:
                 return result[0]
 

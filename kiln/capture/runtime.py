@@ -12,6 +12,7 @@ import warnings
 import torch
 
 from kiln import config as config_mod
+from kiln.capture import dynamic
 from kiln.capture.convert import EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.sources import CodeContext
@@ -87,9 +88,7 @@ class CodeCache:
             return entry
 
     def _dims_for(self, source, tensor):
-        if self.dynamic is True:
-            return range(tensor.dim())
-        return self.dynamic_dims.get(source, ())
+        return dynamic.dims_for(self.dynamic, self.dynamic_dims.get(source, ()), tensor, source)
 
     def _note_changed_sizes(self, F, L):
         """Automatic dynamic shapes: a size that differs from a previous entry's becomes symbolic."""
@@ -101,12 +100,11 @@ class CodeCache:
                     continue
                 if isinstance(value, torch.Tensor) and value.dim() == len(shape):
                     changed = {d for d, (a, b) in enumerate(zip(value.shape, shape)) if a != b}
-                    if changed:
-                        dims = self.dynamic_dims.setdefault(source, set())
-                        if not changed <= dims:
-                            dims |= changed
-                            log("dynamic", "%s: %r dims %s become dynamic", self.code.co_qualname, source,
-                                sorted(dims))
+                    dims = self.dynamic_dims.setdefault(source, set())
+                    if not changed <= dims:
+                        dims |= changed
+                        log("dynamic", "%s: %r size changed %s -> %s: dims %s become dynamic at the recompile",
+                            self.code.co_qualname, source, list(shape), list(value.shape), sorted(dims))
 
     def _failure_text(self, F, L):
         if not self.entries:

@@ -1,0 +1,119 @@
+"""Which tensor dimensions capture makes symbolic, and why.
+
+The user marks dims with `kiln.mark_dynamic` / `kiln.mark_static` (stored on the tensor object, as
+torch does, so a mark follows the tensor into nested and resume frames). `dims_for` merges the marks
+with the compile's `dynamic` setting and automatic dynamic (sizes that changed between calls):
+mark_static beats everything; sizes 0 and 1 always stay static, because broadcasting treats them
+differently from every other size.
+"""
+import torch
+from torch.fx.experimental.symbolic_shapes import (DimDynamic, RelaxedUnspecConstraint, StatelessSymbolicContext,
+                                                   StrictMinMaxConstraint)
+from torch.utils._sympy.value_ranges import ValueRanges
+
+from kiln.debug.logs import log
+from kiln.exc import ConstraintViolation, InvalidArgument
+
+_DYNAMIC_ATTR = "_kiln_dynamic_dims"  # {dim: (min, max)} set by mark_dynamic
+_STATIC_ATTR = "_kiln_static_dims"    # {dim} set by mark_static
+
+
+def mark_dynamic(t, dim, min=None, max=None):
+    """Make `t`'s dimension(s) `dim` symbolic from the first compile, within [min, max] when given.
+
+    Capture raises kiln.ConstraintViolation if the program forces such a dim to one size (or, with
+    bounds, to a narrower range); a later tensor outside [min, max] does not match the entry.
+    """
+    for d in _dims(t, dim, "mark_dynamic"):
+        if min is not None and max is not None and min > max:
+            raise InvalidArgument(f"mark_dynamic: min={min} is greater than max={max}")
+        marks = t.__dict__.setdefault(_DYNAMIC_ATTR, {})
+        marks[d] = (min, max)
+        t.__dict__.get(_STATIC_ATTR, set()).discard(d)
+
+
+def mark_static(t, dim):
+    """Keep `t`'s dimension(s) `dim` at their size in every compile, even under dynamic=True."""
+    for d in _dims(t, dim, "mark_static"):
+        t.__dict__.setdefault(_STATIC_ATTR, set()).add(d)
+        t.__dict__.get(_DYNAMIC_ATTR, {}).pop(d, None)
+
+
+def _dims(t, dim, who):
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(f"{who} expects a tensor, got {type(t).__name__}")
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    out = []
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise InvalidArgument(f"{who}: dim {d!r} is out of range for a {t.dim()}-d tensor")
+        out.append(d % t.dim())
+    return out
+
+
+def marked_bounds(t):
+    """{dim: (min, max)} of the dims marked dynamic on `t`."""
+    return t.__dict__.get(_DYNAMIC_ATTR, {})
+
+
+def dims_for(dynamic, changed, t, source):
+    """{dim: reason} of the dims of `t` (reached through `source`) that become symbolic.
+
+    `dynamic` is the compile's setting; `changed` the dims automatic dynamic saw change size.
+    """
+    marks, static = marked_bounds(t), t.__dict__.get(_STATIC_ATTR, ())
+    wanted = {d: "kiln.mark_dynamic" + _bounds_text(marks[d]) for d in marks}
+    if dynamic is True:
+        wanted.update({d: "dynamic=True" for d in range(t.dim()) if d not in wanted})
+    elif dynamic is None:
+        wanted.update({d: "automatic dynamic (its size changed between calls)" for d in changed if d not in wanted})
+    dims = {}
+    for d, why in sorted(wanted.items()):
+        if d in static:
+            log("dynamic", "%r dim %d stays static: kiln.mark_static", source, d)
+        elif t.shape[d] in (0, 1):
+            log("dynamic", "%r dim %d stays static: its size is %d (sizes 0 and 1 broadcast differently)",
+                source, d, t.shape[d])
+        else:
+            _check_bounds(t, d, marks.get(d), source)
+            log("dynamic", "%r dim %d (size %d) is dynamic: %s", source, d, t.shape[d], why)
+            dims[d] = why
+    return dims
+
+
+def _check_bounds(t, d, bounds, source):
+    low, high = bounds or (None, None)
+    size = t.shape[d]
+    if (low is not None and size < low) or (high is not None and size > high):
+        raise ConstraintViolation(f"{source!r}.size()[{d}] = {size} is not in the range [{low}, {high}] given to "
+                                  f"kiln.mark_dynamic", source=source, dim=d)
+
+
+def _bounds_text(bounds):
+    low, high = bounds
+    return "" if low is None and high is None else f" in [{low}, {high}]"
+
+
+def symbolic_context(t, dims):
+    """The ShapeEnv context for `t`: its dims in `dims` symbolic; mark_dynamic bounds as ranges."""
+    marks = marked_bounds(t)
+    constraints = [_constraint(marks[d]) if d in marks else None for d in range(t.dim())]
+    return StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())],
+        constraint_sizes=constraints if any(constraints) else None)
+
+
+def _constraint(bounds):
+    low, high = bounds
+    if low is None and high is None:
+        return RelaxedUnspecConstraint(warn_only=False)
+    # symbols never take 0 or 1 (those sizes are specialized), so 2 is the lowest meaningful bound
+    upper = high if high is not None else _INT_OO
+    return StrictMinMaxConstraint(vr=ValueRanges(lower=2 if low is None or low < 2 else low, upper=upper),
+                                  warn_only=False)
+
+
+try:  # torch >= 2.5 bounds integer ranges by its own infinity
+    from torch.utils._sympy.numbers import int_oo as _INT_OO
+except ImportError:  # torch 2.4
+    from sympy import oo as _INT_OO
