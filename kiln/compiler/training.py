@@ -129,7 +129,7 @@ class TrainingGraph:
         primals = [*_traced_inputs(gm, example_inputs), *self.flat_graph.state]
         decompositions = lowering_decompositions(bool(options.get("fallback_random")))
         fake_mode = _fake_mode(primals)
-        self.signature = analyse(self.flat_graph, primals, fake_mode, decompositions)
+        self.signature = analyse(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
         joint = trace_joint(self.flat_graph, self.signature, fake_mode, primals, decompositions)
         self.num_forward = len(self.signature.differentiable)
         self.partition = partition(joint, len(primals), self.num_forward, recompute=recompute,
@@ -215,12 +215,13 @@ def _write_back(sig, args, new_values):
                 args[i].copy_(new)
 
 
-def analyse(flat_graph, primals, fake_mode, decompositions):
+def analyse(flat_graph, example_inputs, primals, fake_mode, decompositions):
     """The signature of `flat_graph` on `primals`: writes and aliases from the aot trace of the
-    user graph (which sees writes hidden inside ops, such as batch norm's running stats);
-    requires_grad from a fake run with grad on."""
-    num_inputs = len(primals) - len(flat_graph.state)
-    aten_graph = trace_aten(flat_graph.gm, _detached(primals[:num_inputs]), decompositions)
+    user graph on its example inputs (it sees writes hidden inside ops, such as batch norm's
+    running stats, and reads symbolic sizes off the placeholders itself); requires_grad from a
+    fake run with grad on."""
+    num_inputs = len(example_inputs)
+    aten_graph = trace_aten(flat_graph.gm, _detached(example_inputs), decompositions)
     aliases = tuple((a.output_index, a.input_index, a.view) for a in aten_graph.output_aliases)
     aliased = {k for k, _, _ in aliases}
     computed = tuple(k for k in range(aten_graph.num_user_outputs) if k not in aliased)
