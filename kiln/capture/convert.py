@@ -169,9 +169,11 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
         ret = glue.value(result)
         glue.replay_side_effects()
         tail, reason = [f"return {ret}"], None
+    og.watch.note(f"the values {code.co_qualname} returns or passes on")
     graph_fn, gm = _compile_graph(og, glue, backend, code)
+    og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
-    og.watch.check_marked(code)
+    og.watch.check_marked()
     for expr in shape_guards(og):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()

@@ -3,7 +3,8 @@
 The ShapeEnv records guards while fake tensors run, but it only sees kiln's own Python stack: the
 user's code is interpreted, not executed. So the interpreter calls `after_step` after every
 instruction; new guards and replacements since the last step are attributed to the innermost user
-line being interpreted. At the end of capture `check_marked` raises for a dim the user marked with
+line being interpreted. Capture notes the glue's and the backend's guards the same way (a backend may
+specialize too). At the end `check_marked` raises for a dim the user marked with
 kiln.mark_dynamic that the program pinned to one size (or, with bounds, to a narrower range).
 """
 import linecache
@@ -30,16 +31,20 @@ class ShapeWatch:
                 self.dims[expr] = (source, d, why, bounds.get(d))
 
     def after_step(self, frame, inst):
+        if self._changed():
+            self.note(user_line(frame, inst))
+
+    def _changed(self):
+        return (len(self.env.guards), len(self.env.replacements)) != self._seen
+
+    def note(self, where):
+        """Attribute the guards and specializations made since the last note to `where`."""
         env = self.env
-        seen = (len(env.guards), len(env.replacements))
-        if seen == self._seen:
-            return
-        where = user_line(frame, inst)
         new = [g.expr for g in env.guards[self._seen[0]:]]
         for expr in new:
             log("dynamic", "guard %s added at %s", self.describe(expr), where)
             self.guard_lines.append((expr, where))
-        self._seen = seen
+        self._seen = (len(env.guards), len(env.replacements))
         self._note_forced(where, new)
 
     def _note_forced(self, where, new_guards):
@@ -53,9 +58,8 @@ class ShapeWatch:
             log("dynamic", "%r.size()[%d] (dynamic: %s) specialized to %s by guard %s at %s", source, d, why,
                 what, self.forced[sym][1], where)
 
-    def check_marked(self, code):
+    def check_marked(self):
         """Raise ConstraintViolation for a mark_dynamic dim the program forced static or narrowed."""
-        self._note_forced(f"the values {code.co_qualname} returns or passes on", [])
         for sym, (source, d, why, bounds) in self.dims.items():
             if bounds is None:
                 continue

@@ -1,0 +1,93 @@
+"""Models over 10 sequence lengths with dynamic=None: at most two compiles (static, then symbolic
+sequence length), and every length equal to eager — through the capture-only counting backend and
+through kiln's default backend "inductor" (which runs symbolic graphs too)."""
+import os
+
+import pytest
+import torch
+
+import kiln
+from tests.utils import CompileCounter
+
+LENGTHS = (8, 5, 11, 16, 7, 23, 30, 9, 13, 40)
+
+
+class CountingBackend(CompileCounter):
+    """Counts graphs like CompileCounter but compiles each one with a real backend."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, gm, example_inputs):
+        super().__call__(gm, example_inputs)
+        return self.inner(gm, example_inputs)
+
+
+def counting(backend):
+    if backend == "eager":
+        return CompileCounter()
+    if os.environ.get("KILN_TEST_PEER") == "torch":
+        from torch._dynamo.testing import CompileCounterWithBackend
+        return CompileCounterWithBackend(backend)
+    from kiln.backends.registry import lookup_backend
+    return CountingBackend(lookup_backend(backend))
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 16)).eval()
+
+
+def gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=64)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def mlp_inputs(length):
+    return {"input": torch.randn(2, length, 16, generator=torch.Generator().manual_seed(length))}
+
+
+def gpt2_inputs(length):
+    ids = torch.randint(0, 100, (2, length), generator=torch.Generator().manual_seed(length))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def first(out):
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+PEER = os.environ.get("KILN_TEST_PEER") == "torch"
+# kiln's compiler traces with torch.func.functionalize, whose C++ linear on a 3-d input asks for
+# aten.size (concrete ints): that pins the symbolic length, so each length compiles again (correctly)
+PINS_SIZES = pytest.mark.xfail(not PEER, strict=True, reason="kiln/compiler/aot.py functionalize pins "
+                               "the sizes of a 3-d linear input (aten.size.default)")
+CASES = [pytest.param(mlp, mlp_inputs, "eager", id="mlp-eager"),
+         pytest.param(mlp, mlp_inputs, "inductor", id="mlp-inductor", marks=PINS_SIZES),
+         pytest.param(gpt2, gpt2_inputs, "eager", id="gpt2-eager"),
+         pytest.param(gpt2, gpt2_inputs, "inductor", id="gpt2-inductor")]
+
+
+def run_lengths(build, inputs, backend):
+    """Compiled vs eager at every length; returns the number of graphs compiled."""
+    model = build()
+    counter = counting(backend)
+    compiled = kiln.compile(model, backend=counter)
+    with torch.no_grad():
+        for length in LENGTHS:
+            kwargs = inputs(length)
+            torch.testing.assert_close(first(compiled(**kwargs)), first(model(**kwargs)), rtol=1e-4, atol=1e-5)
+    return counter.frame_count
+
+
+@pytest.mark.parametrize("build, inputs, backend", CASES)
+def test_ten_sequence_lengths_equal_eager_in_at_most_two_compiles(build, inputs, backend):
+    assert run_lengths(build, inputs, backend) <= 2
+
+
+def test_mlp_through_inductor_equals_eager_at_every_length():
+    """The compile count above is a known failure; the results must still be eager's."""
+    run_lengths(mlp, mlp_inputs, "inductor")
