@@ -11,8 +11,14 @@ from torch.fx.experimental.symbolic_shapes import (DimDynamic, RelaxedUnspecCons
                                                    StrictMinMaxConstraint)
 from torch.utils._sympy.value_ranges import ValueRanges
 
+from kiln.capture.sources import AttrSource, ItemSource
 from kiln.debug.logs import log
 from kiln.exc import ConstraintViolation, InvalidArgument
+
+try:  # torch >= 2.5 bounds integer ranges by its own infinity
+    from torch.utils._sympy.numbers import int_oo as _INT_OO
+except ImportError:  # torch 2.4
+    from sympy import oo as _INT_OO
 
 _DYNAMIC_ATTR = "_kiln_dynamic_dims"  # {dim: (min, max)} set by mark_dynamic
 _STATIC_ATTR = "_kiln_static_dims"    # {dim} set by mark_static
@@ -63,7 +69,7 @@ def dims_for(dynamic, changed, t, source):
     """
     marks, static = marked_bounds(t), t.__dict__.get(_STATIC_ATTR, ())
     wanted = {d: "kiln.mark_dynamic" + _bounds_text(marks[d]) for d in marks}
-    if dynamic is True:
+    if dynamic is True and not _module_state(t, source):
         wanted.update({d: "dynamic=True" for d in range(t.dim()) if d not in wanted})
     elif dynamic is None:
         wanted.update({d: "automatic dynamic (its size changed between calls)" for d in changed if d not in wanted})
@@ -79,6 +85,15 @@ def dims_for(dynamic, changed, t, source):
             log("dynamic", "%r dim %d (size %d) is dynamic: %s", source, d, t.shape[d], why)
             dims[d] = why
     return dims
+
+
+def _module_state(t, source):
+    """Parameters and module buffers keep their sizes under dynamic=True (as in torch.compile): they
+    rarely change, and symbols for them would only add guards."""
+    if isinstance(t, torch.nn.Parameter):
+        return True
+    base = getattr(source, "base", None)
+    return isinstance(source, ItemSource) and isinstance(base, AttrSource) and base.name == "_buffers"
 
 
 def _check_bounds(t, d, bounds, source):
@@ -111,9 +126,3 @@ def _constraint(bounds):
     upper = high if high is not None else _INT_OO
     return StrictMinMaxConstraint(vr=ValueRanges(lower=2 if low is None or low < 2 else low, upper=upper),
                                   warn_only=False)
-
-
-try:  # torch >= 2.5 bounds integer ranges by its own infinity
-    from torch.utils._sympy.numbers import int_oo as _INT_OO
-except ImportError:  # torch 2.4
-    from sympy import oo as _INT_OO

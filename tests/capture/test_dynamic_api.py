@@ -175,3 +175,17 @@ def test_mark_dynamic_rejects_bad_dims():
 def _line_of(fn, marker):
     lines, start = inspect.getsourcelines(fn)
     return start + next(i for i, line in enumerate(lines) if marker in line)
+
+
+def test_dynamic_true_keeps_parameter_and_buffer_sizes_static():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).eval()
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter, dynamic=True)
+    for n in (5, 6):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+    values = [n.meta["example_value"] for n in counter.graphs[0].graph.nodes if n.op == "placeholder"]
+    symbolic = [tuple(v.shape) for v in values
+                if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape)]
+    assert len(symbolic) == 1, symbolic  # the input only
