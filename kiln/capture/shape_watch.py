@@ -54,9 +54,10 @@ class ShapeWatch:
                 continue
             guard = next((g for g in new_guards if sym in g.free_symbols), None)
             self.forced[sym] = (now, self.describe(guard) if guard is not None else "?", where)
-            what = f"size {now}" if now.is_number else f"{self.describe(now)}"
-            log("dynamic", "%r.size()[%d] (dynamic: %s) specialized to %s by guard %s at %s", source, d, why,
-                what, self.forced[sym][1], where)
+            # a constant is a specialization; another expression only ties this size to other sizes
+            what = f"specialized to size {now}" if now.is_number else f"found equal to {self.describe(now)}"
+            log("dynamic", "%r.size()[%d] (dynamic: %s) %s by guard %s at %s", source, d, why, what,
+                self.forced[sym][1], where)
 
     def check_marked(self):
         """Raise ConstraintViolation for a mark_dynamic dim the program forced static or narrowed."""

@@ -189,3 +189,31 @@ def test_dynamic_true_keeps_parameter_and_buffer_sizes_static():
     symbolic = [tuple(v.shape) for v in values
                 if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape)]
     assert len(symbolic) == 1, symbolic  # the input only
+
+
+def adds(x, y):
+    return x + y
+
+
+def test_guards_keep_equalities_and_size_one_broadcasting():
+    counter = CompileCounter()
+    compiled = kiln.compile(adds, backend=counter, dynamic=True)
+    for a, b in ((5, 5), (7, 7), (9, 9), (7, 1)):  # y of size 1 broadcasts: a new entry
+        x, y = torch.randn(a), torch.randn(b)
+        torch.testing.assert_close(compiled(x, y), adds(x, y))
+    assert counter.frame_count == 2
+
+
+def rows_of_four(x):
+    return x.view(-1, 4).sum(1)
+
+
+def test_view_needs_divisibility_and_nothing_more():
+    counter = CompileCounter()
+    compiled = kiln.compile(rows_of_four, backend=counter, dynamic=True)
+    for n in (8, 12, 20, 36):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), rows_of_four(x))
+    assert counter.frame_count == 1
+    with pytest.raises(RuntimeError):  # 6 is not divisible by 4: the guard fails, and eager's error shows
+        compiled(torch.randn(6))
