@@ -3,7 +3,8 @@
 `optimize(model, backend)` returns the compiled callable; `reset()` forgets every cache entry.
 Modules: runtime (caches, hot path), convert (one frame -> entry), interpreter + objects +
 python_builtins (symbolic execution), variables, sources, guards, graph_builder, side_effects,
-glue, resume.
+glue, resume; dynamic (which dims are symbolic: marks, dynamic=, automatic dynamic) and shape_watch
+(which user line made each shape guard; errors for marked dims forced static).
 """
 import types
 

@@ -62,11 +62,10 @@ def marked_bounds(t):
     return t.__dict__.get(_DYNAMIC_ATTR, {})
 
 
-def dims_for(dynamic, changed, t, source):
-    """{dim: reason} of the dims of `t` (reached through `source`) that become symbolic.
-
-    `dynamic` is the compile's setting; `changed` the dims automatic dynamic saw change size.
-    """
+def dims_for(dynamic, changed, t, source, frame):
+    """{dim: reason} of the dims of `t` (reached through `source` in the frame named `frame`) that
+    become symbolic. `dynamic` is the compile's setting; `changed` the dims automatic dynamic saw
+    change size."""
     marks, static = marked_bounds(t), t.__dict__.get(_STATIC_ATTR, ())
     wanted = {d: "kiln.mark_dynamic" + _bounds_text(marks[d]) for d in marks}
     if dynamic is True and not _module_state(t, source):
@@ -75,14 +74,14 @@ def dims_for(dynamic, changed, t, source):
         wanted.update({d: "automatic dynamic (its size changed between calls)" for d in changed if d not in wanted})
     dims = {}
     for d, why in sorted(wanted.items()):
+        _check_bounds(t, d, marks.get(d), source)
         if d in static:
-            log("dynamic", "%r dim %d stays static: kiln.mark_static", source, d)
+            log("dynamic", "%s: %r dim %d stays static: kiln.mark_static", frame, source, d)
         elif t.shape[d] in (0, 1):
-            log("dynamic", "%r dim %d stays static: its size is %d (sizes 0 and 1 broadcast differently)",
-                source, d, t.shape[d])
+            log("dynamic", "%s: %r dim %d stays static: its size is %d (sizes 0 and 1 broadcast differently)",
+                frame, source, d, t.shape[d])
         else:
-            _check_bounds(t, d, marks.get(d), source)
-            log("dynamic", "%r dim %d (size %d) is dynamic: %s", source, d, t.shape[d], why)
+            log("dynamic", "%s: %r dim %d (size %d) is dynamic: %s", frame, source, d, t.shape[d], why)
             dims[d] = why
     return dims
 

@@ -88,7 +88,8 @@ class CodeCache:
             return entry
 
     def _dims_for(self, source, tensor):
-        return dynamic.dims_for(self.dynamic, self.dynamic_dims.get(source, ()), tensor, source)
+        return dynamic.dims_for(self.dynamic, self.dynamic_dims.get(source, ()), tensor, source,
+                                self.code.co_qualname)
 
     def _note_changed_sizes(self, F, L):
         """Automatic dynamic shapes: a size that differs from a previous entry's becomes symbolic."""

@@ -159,7 +159,7 @@ def test_kiln_logs_says_why_a_dim_is_dynamic(kiln_logs, caplog):
         run_sizes(scaled_rows, [4], mark=lambda x: mark_dynamic(x, 0, max=8))
         run_sizes(scaled_rows, [4], dynamic=True)
         run_sizes(scaled_rows, [4], mark=lambda x: mark_static(x, 0), dynamic=True)
-    assert "L['x'] dim 0 (size 4) is dynamic: kiln.mark_dynamic in [None, 8]" in caplog.text
+    assert "scaled_rows: L['x'] dim 0 (size 4) is dynamic: kiln.mark_dynamic in [None, 8]" in caplog.text
     assert "L['x'] dim 0 (size 4) is dynamic: dynamic=True" in caplog.text
     assert "L['x'] dim 0 stays static: kiln.mark_static" in caplog.text
 
