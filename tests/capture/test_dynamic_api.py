@@ -217,3 +217,15 @@ def test_view_needs_divisibility_and_nothing_more():
     assert counter.frame_count == 1
     with pytest.raises(RuntimeError):  # 6 is not divisible by 4: the guard fails, and eager's error shows
         compiled(torch.randn(6))
+
+
+def fixed_view(x):
+    return x.view(4, 2) * 2  # SPECIALIZES
+
+
+def test_a_view_that_pins_a_marked_dim_is_an_error():
+    x = torch.randn(8)
+    mark_dynamic(x, 0)
+    with pytest.raises(SpecializedError) as info:
+        kiln.compile(fixed_view, backend=CompileCounter())(x)
+    assert "x.view(4, 2)" in str(info.value)
