@@ -41,6 +41,8 @@ def parse_args(argv=None):
                    help="time plan for the run: past 80%% of it, cold/warm compiles are left out (default 28)")
     p.add_argument("--cache-dir", type=Path, metavar="DIR",
                    help="keep this run's compile caches (and generated code) here instead of a temporary folder")
+    p.add_argument("--from-json", type=Path, metavar="FILE",
+                   help="run nothing: print (and with --results-md write) the report of an earlier --json run")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p.parse_args(argv)
 
@@ -84,6 +86,8 @@ def run(args, command):
                  f"compilers: {', '.join(c for c in COMPILERS if c != 'eager')}")
     # read the old results first: a bad --compare file should fail now, not after a long run
     old = results_mod.from_json(json.loads(args.compare.read_text())) if args.compare else None
+    if args.from_json:
+        return _render_saved(args, old)
     compilers = [COMPILERS[c] for c in args.compilers if c != "eager"]
     workloads = [BY_NAME[n] for n in args.only] if args.only else WORKLOADS
 
@@ -98,6 +102,20 @@ def run(args, command):
                                settings={"budget_s": args.budget, "cold_warm": args.cold_warm,
                                          "compilers": [c.name for c in compilers]})
     _write(args, info, results, report.markdown(info, results, ["eager", *(c.name for c in compilers)], old=old))
+    return 0
+
+
+def _render_saved(args, old):
+    """The report of a saved run, exactly as that run would have written it (its own command and machine)."""
+    from bench import report
+    from bench.results import RunInfo, from_json
+
+    data = json.loads(args.from_json.read_text())
+    info, results = RunInfo(**data["info"]), from_json(data)
+    text = report.markdown(info, results, ["eager", *info.settings["compilers"]], old=old)
+    print(text)
+    if args.results_md:
+        args.results_md.write_text(text)
     return 0
 
 

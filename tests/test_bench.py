@@ -42,6 +42,8 @@ def test_tiny_workload_end_to_end_with_json(tmp_path, capsys):
     assert row.name == "overhead_add_one" and set(row.measurements) == {"eager"}
     assert row.measurements["eager"].calls >= BY_NAME["overhead_add_one"].min_calls
     assert "| overhead_add_one" in capsys.readouterr().out
+    assert main(["--from-json", str(out), "--results-md", str(tmp_path / "again.md")]) == 0
+    assert "| overhead_add_one" in (tmp_path / "again.md").read_text()
     assert "| overhead_add_one | eager |" in report.compare([row], [row], ["eager"])
     # a run with --only never overwrites the committed full table
     assert (RESULTS_MD.read_text() if RESULTS_MD.exists() else None) == results_md
