@@ -102,6 +102,17 @@ def test_integer_division_and_remainder_follow_python_rules():
     check(lambda a, b: (a // b, a % b, torch.fmod(a, b)), fa, fb)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_pow_by_small_constants_is_multiplies_and_matches_eager(dtype):
+    # x**3 (GELU-tanh) and friends lower to mul/sqrt/reciprocal instead of a powf call per element
+    x = torch.cat([torch.randn(61) * 3, torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"),
+                                                      float("nan")])]).to(dtype)
+    fn = lambda x: tuple(torch.pow(x, e) for e in (2, 3, 3.0, 0.5, -0.5, -1, -2.0, 1.5))
+    check(fn, x, rtol=1e-5 if dtype != torch.bfloat16 else 1e-2)
+    cube = compiled(lambda x: x ** 3, torch.randn(8))
+    assert "pow" not in cube.kiln_source.split("kiln_entry", 1)[1]
+
+
 def test_promotion_with_scalars_and_mixed_dtypes():
     i = torch.randint(0, 10, (5, 5), dtype=torch.int32)
     f = torch.randn(5, 5)
