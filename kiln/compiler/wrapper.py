@@ -62,11 +62,19 @@ def build(program, entries, lib, ws_size, num_inputs):
     elif any(e.uses_workspace for e in entries):
         src.line("ws_ptr = None  # an empty workspace (zero-size buffers): NULL, never read")
     entry_of = {id(e.kernels[0]): e for e in entries}
+    # extern results whose strides the compiled code relies on: read by kernels, or re-viewed with
+    # as_strided (by a later extern or as an output). aten may return other strides than the trace
+    # saw (e.g. flash attention's output follows its inputs' layout, and kiln may hand it buffers
+    # laid out differently from the traced graph's), so these get fix_layout.
     kernel_read = set()
     for step in program.steps:
         if isinstance(step, Kernel):
             for n in step.nodes:
                 kernel_read |= n.reads
+        else:
+            kernel_read |= {a.name for a in pytree.tree_leaves((step.args, step.kwargs))
+                            if isinstance(a, ir.BufferArg) and a.layout is not None}
+    kernel_read |= {value for kind, value, *rest in program.outputs if kind != "value" and rest and rest[0] is not None}
     for step in program.steps:
         if isinstance(step, Kernel):
             entry = entry_of.get(id(step))

@@ -156,6 +156,19 @@ def test_externs_mlp_and_attention():
     check(attention, q, k, v, rtol=1e-4, atol=1e-5)
 
 
+def test_extern_result_strides_follow_the_inputs_kiln_passes():
+    # kiln hands sdpa contiguous q/k/v (the bias add is fused into their copies) where the traced graph
+    # had strided views; aten's flash attention then returns other strides than the trace saw, and the
+    # later as_strided view for the mm must not read it with the traced ones
+    def fn(qkv, b, w):
+        B, S, _ = qkv.shape
+        q, k, v = (qkv + b).split(64, -1)
+        q, k, v = (t.view(B, S, 2, 32).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v)
+        return o.transpose(1, 2).reshape(B * S, 64) @ w
+    check(fn, torch.randn(2, 16, 192), torch.randn(192), torch.randn(64, 8), rtol=1e-4, atol=1e-4)
+
+
 def test_op_without_lowering_falls_back_to_aten():
     x = torch.randn(10, 4)
     c = check(lambda x: torch.cumsum(x, 0) * 2 + torch.sort(x, 1).values, x)
