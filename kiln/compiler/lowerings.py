@@ -160,20 +160,18 @@ def gelu(ctx, x, approximate="none"):
     return pointwise(ctx, fn, x)
 
 
-@register(aten.isnan)
-def isnan(ctx, x):
-    check_real(x)
-    if not x.dtype.is_floating_point:
-        return pointwise(ctx, lambda a: const(False, torch.bool), x)
-    return pointwise(ctx, lambda a: op("isnan", a, dtype=torch.bool), x, compute=x.dtype)
+def _float_class_test(name):
+    """isnan/isinf: a float test, constant False for integer and bool inputs (they are never nan/inf)."""
+    def lower(ctx, x):
+        check_real(x)
+        if not x.dtype.is_floating_point:
+            return pointwise(ctx, lambda a: const(False, torch.bool), x)
+        return pointwise(ctx, lambda a: op(name, a, dtype=torch.bool), x, compute=x.dtype)
+    return lower
 
 
-@register(aten.isinf)
-def isinf(ctx, x):
-    check_real(x)
-    if not x.dtype.is_floating_point:
-        return pointwise(ctx, lambda a: const(False, torch.bool), x)
-    return pointwise(ctx, lambda a: op("isinf", a, dtype=torch.bool), x, compute=x.dtype)
+register(aten.isnan)(_float_class_test("isnan"))
+register(aten.isinf)(_float_class_test("isinf"))
 
 
 @register(aten.logical_not)
