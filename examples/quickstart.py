@@ -7,7 +7,7 @@ import kiln
 
 
 class Block(torch.nn.Module):
-    def __init__(self, dim=256, hidden=1024):
+    def __init__(self, dim=256, hidden=256):
         super().__init__()
         self.norm = torch.nn.LayerNorm(dim)
         self.up = torch.nn.Linear(dim, hidden)
@@ -30,7 +30,7 @@ def median_time(fn, x, reps=30):
 def main():
     torch.manual_seed(0)
     model = Block().eval()
-    x = torch.randn(512, 256)
+    x = torch.randn(4096, 256)
     compiled = kiln.compile(model)
     with torch.no_grad():
         start = time.perf_counter()
