@@ -147,8 +147,16 @@ def _check_strided(example_inputs):
 
 
 def _functional_trace(fn, decompositions, example_inputs, state):
+    mode = _tracing_mode(example_inputs)
+    if mode == "symbolic" and not isinstance(fn, torch.fx.GraphModule):
+        # Under torch.func.functionalize, CompositeImplicit ops run their C++ bodies on
+        # functional wrappers, and some read concrete sizes there (linear on a 3-d input calls
+        # aten.size): that pins a symbolic size, and the graph recompiles for every size. So trace
+        # to aten first (mutations kept; decompositions see SymInts), then functionalize that
+        # aten graph, which holds no composite ops any more.
+        fn = make_fx(fn, decomposition_table=decompositions, tracing_mode=mode)(*example_inputs, *state)
     return make_fx(torch.func.functionalize(fn, remove="mutations"), decomposition_table=decompositions,
-                   tracing_mode=_tracing_mode(example_inputs))(*example_inputs, *state)
+                   tracing_mode=mode)(*example_inputs, *state)
 
 
 def _mutates_intermediates(graph):

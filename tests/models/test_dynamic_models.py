@@ -60,13 +60,8 @@ def first(out):
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
-PEER = os.environ.get("KILN_TEST_PEER") == "torch"
-# kiln's compiler traces with torch.func.functionalize, whose C++ linear on a 3-d input asks for
-# aten.size (concrete ints): that pins the symbolic length, so each length compiles again (correctly)
-PINS_SIZES = pytest.mark.xfail(not PEER, strict=True, reason="kiln/compiler/aot.py functionalize pins "
-                               "the sizes of a 3-d linear input (aten.size.default)")
 CASES = [pytest.param(mlp, mlp_inputs, "eager", id="mlp-eager"),
-         pytest.param(mlp, mlp_inputs, "inductor", id="mlp-inductor", marks=PINS_SIZES),
+         pytest.param(mlp, mlp_inputs, "inductor", id="mlp-inductor"),
          pytest.param(gpt2, gpt2_inputs, "eager", id="gpt2-eager"),
          pytest.param(gpt2, gpt2_inputs, "inductor", id="gpt2-inductor")]
 
@@ -88,6 +83,3 @@ def test_ten_sequence_lengths_equal_eager_in_at_most_two_compiles(build, inputs,
     assert run_lengths(build, inputs, backend) <= 2
 
 
-def test_mlp_through_inductor_equals_eager_at_every_length():
-    """The compile count above is a known failure; the results must still be eager's."""
-    run_lengths(mlp, mlp_inputs, "inductor")
