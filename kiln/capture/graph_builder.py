@@ -13,7 +13,8 @@ import types
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                           FakeTensorMode)
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
@@ -26,6 +27,9 @@ from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable
                                     SymNodeVariable, TensorVariable, TupleVariable, is_constant)
 import torch._guards
 from kiln.exc import Unsupported
+
+# What the fake mode raises for a data-dependent op when it has no ShapeEnv
+_NEEDS_SHAPE_ENV = (DataDependentOutputException, DynamicOutputShapeException)
 
 # Python modules whose attributes are treated as fixed (no guard on `torch.nn.functional.relu`)
 _LIBRARY_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools", "collections",
@@ -65,10 +69,14 @@ class OutputGraph:
     def __init__(self, code_name, dynamic_dims=None):
         """`dynamic_dims(source, tensor) -> {dim: reason}` says which sizes of an input are symbolic."""
         self.graph = torch.fx.Graph()
-        self.shape_env = ShapeEnv()
-        self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
+        # The ShapeEnv comes into being only when a size turns symbolic (see `shape_env`): creating
+        # one imports torch's validator and, through it, most of torch._dynamo (~0.75 s in a fresh
+        # process), which a graph with static sizes never needs. static_shapes=False is what the
+        # mode would have with a ShapeEnv from the start.
+        self._shape_env = None
+        self.fake_mode = FakeTensorMode(shape_env=None, static_shapes=False, allow_non_fake_inputs=False)
         self.dynamic_dims = dynamic_dims or (lambda source, t: {})
-        self.watch = ShapeWatch(self.shape_env)
+        self.watch = ShapeWatch(None)
         self.dynamic_inputs = []  # (fake, ShapeSource)
         self.dynamic_input_dims = {}  # id(fake) -> dims made symbolic
         self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
@@ -84,6 +92,18 @@ class OutputGraph:
         self.grad_enabled = torch.is_grad_enabled()
         self.guards.add(None, f"{self.guards.const(torch.is_grad_enabled, 'GRAD')}() is {self.grad_enabled}",
                         f"torch.is_grad_enabled() is {self.grad_enabled}")
+
+    @property
+    def shape_env(self):
+        """The frame's ShapeEnv, created (and handed to the fake mode) on first use."""
+        return self.ensure_shape_env()
+
+    def ensure_shape_env(self):
+        if self._shape_env is None:
+            self._shape_env = ShapeEnv()
+            self.fake_mode.shape_env = self._shape_env
+            self.watch.env = self._shape_env
+        return self._shape_env
 
     # ---- values from outside --------------------------------------------------------------------
     def wrap(self, value, source, guard=True):
@@ -153,6 +173,7 @@ class OutputGraph:
             raise Unsupported("sparse tensors are not supported")
         dims = self.dynamic_dims(source, value) if value.dim() else {}
         if dims:
+            self.ensure_shape_env()  # the fake mode makes this input's sizes symbols of it
             self.guards.tensor_match(source, value, dynamic=set(dims))
             shape_source = ShapeSource(source.expr(self.guards.ctx))
             fake = self.fake_mode.from_tensor(value, symbolic_context=dynamic.symbolic_context(value, dims),
@@ -201,11 +222,7 @@ class OutputGraph:
         tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
         versions = [t.fake._version for t in tensors_in]
         try:
-            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
-                if kind == "call_method":
-                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
+            result = self._run_fake(kind, target, fake_args, fake_kwargs)
         except Unsupported:
             raise
         except Exception as e:
@@ -224,6 +241,21 @@ class OutputGraph:
                                       name=self._unique(_node_name(target)))
         node.meta["example_value"] = result
         return self._result_variable(node, result, tensors_in)
+
+    def _run_fake(self, kind, target, fake_args, fake_kwargs):
+        for attempt in range(2):
+            try:
+                with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                    if kind == "call_method":
+                        return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                    return target(*fake_args, **fake_kwargs)
+            except _NEEDS_SHAPE_ENV:
+                # The fake mode raises these only for lack of a ShapeEnv (an output whose size or
+                # value depends on tensor data); with one, the op makes an unbacked symbol. Run it
+                # again with the ShapeEnv, exactly as if it had been there from the start.
+                if attempt or self._shape_env is not None:
+                    raise
+                self.ensure_shape_env()
 
     def _result_variable(self, node, result, tensors_in):
         if isinstance(result, torch.Tensor):

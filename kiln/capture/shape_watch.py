@@ -40,6 +40,8 @@ class ShapeWatch:
     def note(self, where):
         """Attribute the guards and specializations made since the last note to `where`."""
         env = self.env
+        if env is None:  # no ShapeEnv yet: no size is symbolic, no guard to attribute
+            return
         new = [g.expr for g in env.guards[self._seen[0]:]]
         for expr in new:
             log("dynamic", "guard %s added at %s", self.describe(expr), where)
