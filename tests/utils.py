@@ -111,3 +111,98 @@ def use_torch_peer():
     kiln.config = PeerConfig()
     kiln.Unsupported = (dynamo_exc.Unsupported, dynamo_exc.UserError)
     kiln.BackendCompilerFailed = dynamo_exc.BackendCompilerFailed
+
+
+def _outcome(fn, args):
+    """(result, exception) of fn(*args): a program may raise, and the compiled one must raise alike."""
+    try:
+        return fn(*args), None
+    except Exception as e:  # noqa: BLE001 (the exception is the result being compared)
+        return None, e
+
+
+def check_calls(fn, calls, graphs=None, backend=None, state=None, rtol=1e-5, atol=1e-6, **compile_kwargs):
+    """Call `fn` eagerly and compiled once per argument tuple in `calls` (so guards see new shapes,
+    dtypes and Python values); each call's result or exception, its arguments afterwards, and the
+    `state` (a pair `(get, put)`: snapshot and restore of outside state such as globals or RNG) must
+    match eager. `graphs`: the graphs the backend got over all calls (with the counting backend).
+    Returns the counter (None when `backend` is given)."""
+    import kiln
+    counter = CompileCounter() if backend is None else None
+    compiled = kiln.compile(fn, backend=counter or backend, **compile_kwargs)
+    for i, args in enumerate(calls):
+        eager_args, compiled_args = clone_args(args), clone_args(args)
+        before = copy.deepcopy(state[0]()) if state else None
+        expected, eager_error = _outcome(fn, eager_args)
+        after_eager = copy.deepcopy(state[0]()) if state else None
+        if state:
+            state[1](before)
+        actual, error = _outcome(compiled, compiled_args)
+        assert type(error) is type(eager_error), f"call {i}: eager raised {eager_error!r}, compiled {error!r}"
+        assert_equal_state(actual, expected, rtol, atol)
+        for e, c in zip(eager_args, compiled_args):
+            assert_equal_state(c, e, rtol, atol)
+        if state:
+            assert_equal_state(copy.deepcopy(state[0]()), after_eager, rtol, atol)
+    if graphs is not None and counter is not None:
+        assert counter.frame_count == graphs, f"expected {graphs} graph(s), got {counter.frame_count}"
+    return counter
+
+
+def module_state(mod):
+    """What a call may change in a module tree: parameters and buffers, training flags and plain
+    Python attributes (counters, flags) of every submodule."""
+    state = {k: v.detach().clone() for k, v in mod.state_dict(keep_vars=True).items()}
+    for name, sub in mod.named_modules():
+        state[f"{name}:training"] = sub.training
+        for k, v in vars(sub).items():
+            if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None))):
+                state[f"{name}:{k}"] = v
+    return state
+
+
+def check_module_calls(make, calls, between=None, graphs=None, backend=None, rtol=1e-4, atol=1e-5,
+                       backward=False):
+    """Build a module twice with the same seed (`make()`), compile one, and call both per argument
+    tuple in `calls`; `between(mod, i)` changes each module before call i (train/eval, a swapped
+    submodule), seeded alike. Results, arguments, module state and (with `backward`) parameter
+    gradients must match eager; RNG is seeded alike before each call, so dropout matches too."""
+    import kiln
+    torch.manual_seed(0)
+    eager_mod = make()
+    torch.manual_seed(0)
+    compiled_mod = make()
+    counter = CompileCounter() if backend is None else None
+    compiled = kiln.compile(compiled_mod, backend=counter or backend)
+    for i, args in enumerate(calls):
+        for m in (eager_mod, compiled_mod):
+            if between is not None:
+                torch.manual_seed(100 + i)
+                between(m, i)
+        eager_args, compiled_args = clone_args(args), clone_args(args)
+        torch.manual_seed(i)
+        expected = eager_mod(*eager_args)
+        torch.manual_seed(i)
+        actual = compiled(*compiled_args)
+        assert_equal_state(actual, expected, rtol, atol)
+        for e, c in zip(eager_args, compiled_args):
+            assert_equal_state(c, e, rtol, atol)
+        assert_equal_state(module_state(compiled_mod), module_state(eager_mod), rtol, atol)
+        if backward:
+            _backward_matches(eager_mod, compiled_mod, expected, actual, rtol, atol)
+    if graphs is not None and counter is not None:
+        assert counter.frame_count == graphs, f"expected {graphs} graph(s), got {counter.frame_count}"
+    return counter
+
+
+def _backward_matches(eager_mod, compiled_mod, expected, actual, rtol, atol):
+    def loss(out):
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
+    for mod, out in ((eager_mod, expected), (compiled_mod, actual)):
+        mod.zero_grad(set_to_none=True)
+        loss(out).backward()
+    for (name, pe), (_, pc) in zip(eager_mod.named_parameters(), compiled_mod.named_parameters()):
+        assert (pe.grad is None) == (pc.grad is None), f"{name}: grad presence differs"
+        if pe.grad is not None:
+            torch.testing.assert_close(pc.grad, pe.grad, rtol=rtol, atol=atol)

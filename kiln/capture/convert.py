@@ -41,6 +41,11 @@ class EagerFrame(Exception):
     """This frame cannot be captured safely; it runs natively (reason logged under graph_breaks)."""
 
 
+class EagerCall(EagerFrame):
+    """This call raises a Python exception out of the frame during capture (an assert, a raise on bad
+    input): it runs eagerly and raises it, and later calls try capturing again."""
+
+
 class CacheEntry:
     __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
                  "input_shapes")
@@ -84,6 +89,8 @@ class Capture:
                 if self.requested is None or self.fullgraph:
                     raise
                 inst, _ = self.requested
+                if inst.opname == "RAISE_VARARGS" and e.python_exception is not None:
+                    raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
                 why_not = _why_not_breakable(self.code, inst)
                 if why_not:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e

@@ -11,7 +11,7 @@ from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, FreshObjectVariable,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, SetVariable, SymNodeVariable, TensorVariable, TupleVariable)
+                                    ObjectVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable, TupleVariable)
 from kiln.capture.graph_builder import size_source
 from kiln.capture.objects import specialize
 from kiln.exc import Unsupported
@@ -103,6 +103,8 @@ class Glue:
             if factory is not None:
                 return f"{self.const(var.cls, 'CLS')}({self.value(factory)}, {body})"
             return f"{self.const(var.cls, 'CLS')}({body})"
+        if isinstance(var, SliceVariable):
+            return "slice(" + ", ".join(self.value(p) for p in var.parts) + ")"
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
         if isinstance(var, CellVariable):

@@ -24,7 +24,7 @@ from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import AttrSource, GlobalSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable,
-                                    SymNodeVariable, TensorVariable, TupleVariable, is_constant)
+                                    SliceVariable, SymNodeVariable, TensorVariable, TupleVariable, is_constant)
 import torch._guards
 from kiln.exc import Unsupported
 
@@ -233,7 +233,8 @@ class OutputGraph:
             raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated and not _has_symbols(leaves):
-            result = pytree.tree_map(_concrete, result)
+            result = torch.Size(map(_concrete, result)) if isinstance(result, torch.Size) else \
+                pytree.tree_map(_concrete, result)
             if not is_constant(result) and not (isinstance(result, (list, tuple)) and all(map(is_constant, result))):
                 raise Unsupported(f"{_target_name(target)} returned {type(result).__name__}, which capture cannot hold")
             return ConstantVariable(result)
@@ -409,6 +410,8 @@ def _map_vars(fn, tree):
         return {k: _map_vars(fn, v) for k, v in tree.items()}
     if isinstance(tree, ConstantVariable) and isinstance(tree.value, torch.Size):
         return tree.value
+    if isinstance(tree, SliceVariable):
+        return slice(*(_map_vars(fn, p) for p in tree.parts))
     return fn(tree)
 
 

@@ -13,8 +13,8 @@ from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
 from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
-                                    NullVariable, ObjectVariable, SetVariable, TupleVariable,
-                                    const)
+                                    NullVariable, ObjectVariable, SetVariable, SliceVariable, SymNodeVariable,
+                                    TupleVariable, const)
 from kiln.exc import Unsupported
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
@@ -362,6 +362,8 @@ class Frame:
         parts = self.popn(inst.arg)
         if all(p.is_constant() for p in parts):
             self.push(const(slice(*(p.value for p in parts))))
+        elif all(p.is_constant() or isinstance(p, SymNodeVariable) for p in parts):
+            self.push(SliceVariable(parts))  # indexes a tensor symbolically; specialized elsewhere
         else:
             raise Unsupported("slice with non-constant bounds")
 

@@ -19,7 +19,7 @@ from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
                                     DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable,
                                     GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, SetVariable, SuperVariable, SymNodeVariable,
+                                    ObjectVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable, const, is_constant)
 from kiln.exc import Unsupported
 
@@ -64,6 +64,8 @@ def const_value(v, why="a non-constant value"):
         raise Unsupported(f"{why}: a tensor's data is needed in Python")
     if isinstance(v, SymNodeVariable):
         return specialize(v)
+    if isinstance(v, SliceVariable):
+        return slice(*(const_value(p, why) for p in v.parts))
     if isinstance(v, MethodVariable) and isinstance(v.obj, ObjectVariable) and isinstance(v.fn, types.FunctionType):
         return types.MethodType(v.fn, v.obj.value)
     raise Unsupported(f"{why} ({describe(v)})")

@@ -3,6 +3,7 @@ zip, sorted, ...): each one is written over Variables, so no Python value is gue
 import collections
 import functools
 import inspect
+import itertools
 import math
 import operator
 
@@ -243,7 +244,7 @@ def _b_setattr(frame, args, kwargs):
 
 def _iterable_builtin(fn):
     def handler(frame, args, kwargs):
-        lists = [unpack_iterable(frame, a) for a in args]
+        lists = [unpack_iterable(frame, a) for a in (args[:1] if fn is enumerate else args)]
         if fn is enumerate:
             start = const_value(kwargs.get("start", const(0))) if not args[1:] else const_value(args[1])
             return IteratorVariable([make_tuple([const(i + start), v]) for i, v in enumerate(lists[0])])
@@ -406,6 +407,57 @@ def _b_native_query(fn):
     return handler
 
 
+def _b_itertools(fn, iterables):
+    """An itertools function over finite iterables, run natively on positions into a pool of the items'
+    Variables, so tensors and other symbolic items pass through untouched. `iterables`: which positional
+    arguments are iterables ("all", or a count from the front); the other arguments are constants."""
+    def handler(frame, args, kwargs):
+        n = len(args) if iterables == "all" else iterables
+        pool = []
+
+        def positions(items):
+            pool.extend(items)
+            return range(len(pool) - len(items), len(pool))
+        native_args = [list(positions(unpack_iterable(frame, a))) for a in args[:n]] + \
+            [const_value(a, f"{fn.__name__} argument") for a in args[n:]]
+        native_kwargs = {}
+        for k, v in kwargs.items():
+            native_kwargs[k] = positions([v])[0] if k == "fillvalue" else const_value(v, f"{fn.__name__} {k}")
+        if fn is itertools.zip_longest and "fillvalue" not in native_kwargs:
+            native_kwargs["fillvalue"] = positions([const(None)])[0]
+
+        def back(x):
+            return make_tuple([back(i) for i in x]) if isinstance(x, tuple) else pool[x]
+        try:
+            return IteratorVariable([back(x) for x in fn(*native_args, **native_kwargs)])
+        except (TypeError, ValueError) as e:
+            raise Unsupported(f"{fn.__name__} raised {type(e).__name__}: {e}", python_exception=e) from e
+    return handler
+
+
+def _b_accumulate(frame, args, kwargs):
+    items = unpack_iterable(frame, args[0])
+    fn = args[1] if len(args) > 1 else kwargs.get("func")
+    acc = [kwargs["initial"]] if kwargs.get("initial") is not None else []
+    for item in items:
+        if not acc:
+            acc.append(item)
+        elif fn is None or is_same(fn, const(None)):
+            acc.append(apply_operator(frame, operator.add, [acc[-1], item]))
+        else:
+            acc.append(call(frame, fn, [acc[-1], item], {}))
+    return IteratorVariable(acc)
+
+
+_ITERTOOLS = {itertools.chain: "all", itertools.product: "all", itertools.zip_longest: "all",
+              itertools.combinations: 1, itertools.permutations: 1, itertools.combinations_with_replacement: 1,
+              itertools.islice: 1, itertools.pairwise: 1}
+
+
+def _b_chain_from_iterable(frame, args, kwargs):
+    return IteratorVariable([i for it in unpack_iterable(frame, args[0]) for i in unpack_iterable(frame, it)])
+
+
 def _b_sorted(frame, args, kwargs):
     items = unpack_iterable(frame, args[0])
     lst = ListVariable(items)
@@ -432,4 +484,6 @@ BUILTIN_HANDLERS = {
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
     math.floor: _b_numeric(math.floor), math.ceil: _b_numeric(math.ceil), math.sqrt: _b_numeric(math.sqrt),
+    **{fn: _b_itertools(fn, which) for fn, which in _ITERTOOLS.items()},
+    itertools.chain.from_iterable: _b_chain_from_iterable, itertools.accumulate: _b_accumulate,
 }

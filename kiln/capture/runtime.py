@@ -13,12 +13,13 @@ import torch
 
 from kiln import config as config_mod
 from kiln.capture import dynamic
-from kiln.capture.convert import EagerFrame, compile_frame
+from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.sources import CodeContext
 from kiln.debug.logs import enabled, log
 
 _LOCK = threading.RLock()
+_MAX_EAGER_CALLS = 16  # capture is retried this often for calls that raise before a frame runs eagerly
 _CACHES = {}       # (code, backend key, fullgraph) -> CodeCache
 observers = []     # callables(code, entry) told about every new entry (kiln.explain)
 eager_observers = []  # callables(code, reason) told when a frame is left to run eagerly
@@ -38,6 +39,7 @@ class CodeCache:
         self.entries = []
         self.eager_reason = None
         self.warned_limit = False
+        self.eager_calls = 0  # calls that raised out of the frame during capture (EagerCall)
 
     def __call__(self, F, L):
         """Run a frame whose bound arguments are already the tuple L (resume functions)."""
@@ -75,6 +77,14 @@ class CodeCache:
             try:
                 entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
                                       self._dims_for)
+            except EagerCall as e:
+                self.eager_calls += 1
+                log("graph_breaks", "%s", e)
+                if self.eager_calls < _MAX_EAGER_CALLS:
+                    return None
+                self.eager_reason = f"{e} (the {_MAX_EAGER_CALLS}th call to raise during capture: no more tries)"
+                log("perf_hints", "%s runs eagerly from now on: %s", self.code.co_qualname, self.eager_reason)
+                return None
             except EagerFrame as e:
                 self.eager_reason = str(e)
                 log("graph_breaks", "%s", e)

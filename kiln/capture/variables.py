@@ -151,6 +151,17 @@ class SetVariable(_Sequence):
         return set
 
 
+class SliceVariable(Variable):
+    """A slice with a symbolic size among its bounds (`x[:, :n]` with n dynamic); constant slices are
+    ConstantVariables. `parts` are the start, stop and step Variables."""
+
+    def __init__(self, parts):
+        self.parts = list(parts)
+
+    def python_type(self):
+        return slice
+
+
 class DictVariable(Variable):
     """A dict with constant keys (insertion ordered); `cls` may be OrderedDict or a dict subclass."""
     mutated = False
