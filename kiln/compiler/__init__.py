@@ -7,6 +7,7 @@ generated kernel), `kiln_source` (the C++), `kiln_wrapper` (the Python wrapper),
 `kiln_fallbacks` (aten ops called because they have no lowering).
 """
 import torch
+import torch.utils._pytree as pytree
 
 from kiln.config import compiler_options
 from kiln.debug.logs import log
@@ -35,9 +36,10 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
     from kiln.compiler.build import CompileError
 
     options = options if options is not None else compiler_options()
-    if _has_symbolic_scalars(aten_gm):
-        log("perf_hints", "graph has symbolic sizes (dynamic shapes, or sizes read from tensor data): "
-            "it runs through aten")
+    unsupported = _unsupported_symbols(aten_gm)
+    if unsupported:
+        log("perf_hints", "graph runs through aten: %s", unsupported)
+        log("dynamic", "graph runs through aten: %s", unsupported)
         return _run_through_aten(aten_gm)
     try:
         return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
@@ -45,6 +47,16 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         if options.get("debug"):
             raise
         log("perf_hints", "generated C++ failed to build (%s): graph runs through aten", e.source_path)
+        return _run_through_aten(aten_gm)
+    except Exception as e:
+        # symbolic sizes are newer ground than static ones: a compiler error there costs speed, not
+        # the user's program
+        if options.get("debug") or not _has_symbolic_sizes(aten_gm):
+            raise
+        log("perf_hints", "compiling a graph with symbolic sizes raised %s: %s; it runs through aten",
+            type(e).__name__, e)
+        log("dynamic", "graph with symbolic sizes runs through aten: compiling it raised %s: %s",
+            type(e).__name__, e)
         return _run_through_aten(aten_gm)
 
 
@@ -56,11 +68,13 @@ def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm):
     from kiln.compiler.schedule import build_program, workspace_plan
 
     graph = GraphLowering(aten_gm, example_inputs, options).run()
+    _check_bound(graph, aten_gm)
     program = build_program(graph, options)
     offsets, ws_size = workspace_plan(program)
-    source, entries = cpp.generate(program, offsets, options)
+    symbols = sorted(s.name for s in graph.symbol_sources)
+    source, entries = cpp.generate(program, offsets, options, symbols)
     lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
-    fn, wrapper_source = wrapper.build(program, entries, lib, ws_size, len(example_inputs))
+    fn, wrapper_source = wrapper.build(program, entries, lib, ws_size, len(example_inputs), graph.symbol_sources)
     debug.log_output_code(getattr(lib, "_name", None), source, wrapper_source)
     if options.get("trace.enabled"):
         folder = debug.write_trace(options, aten_gm=aten_gm, graph=graph, program=program, cpp_source=source,
@@ -81,13 +95,39 @@ def _inspectable(fn, kernels, source, wrapper_source, fallbacks):
     return fn
 
 
-def _has_symbolic_scalars(gm):
-    """Whether a node yields a symbolic scalar (sizes that depend on tensor data): the loop IR
-    needs every size known when it compiles."""
+def _symbolic_values(gm):
+    """Every SymInt/SymFloat/SymBool in the graph's values (sizes, strides, scalars)."""
     for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return True
-        if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
-            return True
-    return False
+        for val in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                yield val
+            elif isinstance(val, torch.Tensor):
+                yield from (s for s in (*val.shape, *val.stride(), val.storage_offset())
+                            if isinstance(s, torch.SymInt))
+
+
+def _has_symbolic_sizes(gm):
+    return any(True for _ in _symbolic_values(gm))
+
+
+def _unsupported_symbols(gm):
+    """Why the loop IR cannot take this graph's symbolic values, or None. Kernels take sizes over
+    input-backed symbols (s0, s1, ...) as arguments; a size read from tensor data (an unbacked
+    symbol, u0) or a symbolic float or bool has no place in them."""
+    for val in _symbolic_values(gm):
+        if not isinstance(val, torch.SymInt):
+            return f"a symbolic {type(val).__name__} ({val.node.expr})"
+        unbacked = [s for s in val.node.expr.free_symbols if not s.name.startswith("s")]
+        if unbacked:
+            return f"a size that depends on tensor data ({unbacked[0]})"
+    return None
+
+
+def _check_bound(graph, gm):
+    """Every symbol the graph's sizes use must be readable from an input when it runs."""
+    free = set()
+    for val in _symbolic_values(gm):
+        free |= val.node.expr.free_symbols
+    missing = free - set(graph.symbol_sources)
+    if missing:
+        raise ValueError(f"size symbols {sorted(map(str, missing))} have no input to read them from")

@@ -126,6 +126,31 @@ class Layout:
         return sympy_product(self.sizes)
 
 
+def size_expr(s):
+    """A size, stride or SymInt as sympy: ints become Integers, SymInts their ShapeEnv expression
+    (over symbols s0, s1, ... that the wrapper binds from the inputs at each call)."""
+    if isinstance(s, torch.SymInt):
+        return sympy.sympify(s.node.expr)
+    return sympy.Integer(int(s))
+
+
+# stands in for every size symbol where only an order of sizes is needed (symbols are >= 2):
+# products of more symbols come out larger; whatever the order picks is checked exactly afterwards
+SYMBOL_HINT = 8191
+
+
+def size_hint(e):
+    """A number for ordering size expressions (never for deciding a result)."""
+    e = sympy.sympify(e)
+    if e.is_number:
+        return e
+    return e.xreplace({s: sympy.Integer(SYMBOL_HINT) for s in e.free_symbols})
+
+
+def is_symbolic(e):
+    return isinstance(e, sympy.Basic) and not e.is_number
+
+
 def contiguous_strides(sizes):
     strides, acc = [], sympy.Integer(1)
     for s in reversed(sizes):

@@ -24,11 +24,33 @@ REALIZE_MAX_OPS = 80
 
 
 def sym_sizes(t):
-    return tuple(sympy.Integer(int(s)) for s in t.shape)
+    return tuple(ir.size_expr(s) for s in t.shape)
 
 
 def sym_layout(t):
-    return ir.Layout(sym_sizes(t), tuple(sympy.Integer(int(s)) for s in t.stride()), t.dtype)
+    # no offset: kernels and views start at the tensor's data_ptr(), which includes it
+    return ir.Layout(sym_sizes(t), tuple(ir.size_expr(s) for s in t.stride()), t.dtype)
+
+
+def symbol_sources(placeholders):
+    """{symbol: Python source that reads it from the graph's inputs (arg0, arg1, ...)}: for each
+    free symbol, the first input size, stride or SymInt input that is exactly it."""
+    sources = {}
+
+    def offer(value, source):
+        expr = ir.size_expr(value)
+        if expr.is_Symbol and expr not in sources:
+            sources[expr] = source
+    for position, node in enumerate(placeholders):
+        val, arg = node.meta.get("val"), f"arg{position}"
+        if isinstance(val, torch.SymInt):
+            offer(val, arg)
+        elif isinstance(val, torch.Tensor):
+            for d, s in enumerate(val.shape):
+                offer(s, f"{arg}.size({d})")
+            for d, s in enumerate(val.stride()):
+                offer(s, f"{arg}.stride({d})")
+    return sources
 
 
 class GraphLowering(LoweringContext):
@@ -43,6 +65,8 @@ class GraphLowering(LoweringContext):
         self.outputs = []           # per graph output: ("buffer", name, layout) | ("value", python)
         self.fallbacks = []         # names of aten ops that went to aten
         self.env = {}
+        # size symbol -> Python source reading it from the inputs (empty for static graphs)
+        self.symbol_sources = {}
 
     # ---- buffers -------------------------------------------------------------------------
     def new_name(self):
@@ -71,7 +95,12 @@ class GraphLowering(LoweringContext):
     # ---- the walk ------------------------------------------------------------------------
     def run(self):
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        self.symbol_sources = symbol_sources(placeholders)
         for position, (node, example) in enumerate(zip(placeholders, self.example_inputs)):
+            if self.symbol_sources:  # dynamic shapes: the traced (symbolic) value, not this call's
+                example = node.meta.get("val", example)
+                if isinstance(example, torch.SymInt):
+                    example = ir.size_expr(example)
             if isinstance(example, torch.Tensor):
                 buf = self.add_buffer(ir.InputBuffer(f"arg{position}", sym_layout(example), position))
                 self.env[node] = ir.view_value(buf.name, buf.layout)
@@ -92,6 +121,9 @@ class GraphLowering(LoweringContext):
     def lower_node(self, node):
         if node.target is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
+        if isinstance(node.meta.get("val"), torch.SymInt):
+            # a size computed from sizes (sym_size, s0 * 2, ...): its expression over the symbols
+            return ir.size_expr(node.meta["val"])
         args, kwargs = pytree.tree_map(self.lookup, (node.args, node.kwargs))
         lowering = LOWERINGS.get(node.target)
         reason = "no kiln lowering" if lowering is None else self.fallback_reason(node)

@@ -52,7 +52,14 @@ def register(*ops):
 
 def out_sizes(ctx):
     meta = ctx.out_meta()
-    return tuple(sympy.Integer(int(s)) for s in meta.shape)
+    return tuple(ir.size_expr(s) for s in meta.shape)
+
+
+def scalar(value, dtype):
+    """A Python number, or a size expression (a SymInt argument), as an Expr of `dtype`."""
+    if isinstance(value, sympy.Basic):
+        return cast(index_expr(value) if value.free_symbols else const(int(value), torch.int64), dtype)
+    return const(value, dtype)
 
 
 def calc_dtype(dtype):
@@ -65,14 +72,14 @@ def promoted(a, b):
     def rep(x):
         if isinstance(x, TensorValue):
             return torch.empty((1,) * min(x.ndim, 1), dtype=x.dtype, device="meta")
-        return x
+        return 1 if isinstance(x, sympy.Basic) else x  # a size expression is an int
     return torch.result_type(rep(a), rep(b))
 
 
 def broadcast(x, sizes, dtype):
     """index -> Expr of `x` (TensorValue or scalar) broadcast to `sizes`, converted to `dtype`."""
     if not isinstance(x, TensorValue):
-        value = const(x, dtype)
+        value = scalar(x, dtype)
         return lambda idx: value
     n, k = len(sizes), x.ndim
 
@@ -346,7 +353,7 @@ def full(ctx, size_or_value, fill_value=None, **kwargs):
     meta = ctx.out_meta()
     if meta.dtype.is_complex or isinstance(value, complex):
         raise Fallback("complex constant")
-    v = cast(const(value, calc_dtype(meta.dtype) if not isinstance(value, bool) else torch.bool), meta.dtype)
+    v = cast(scalar(value, calc_dtype(meta.dtype) if not isinstance(value, bool) else torch.bool), meta.dtype)
     return TensorValue(out_sizes(ctx), meta.dtype, lambda idx: v)
 
 
@@ -362,7 +369,7 @@ def zeros_ones_like(ctx, x, **kwargs):
 
 @register(aten.arange.start_step, aten.arange.default, aten.arange.start)
 def arange(ctx, *args, **kwargs):
-    numbers = [a for a in args if isinstance(a, (int, float))]
+    numbers = [a for a in args if isinstance(a, (int, float, sympy.Basic))]  # sympy: a symbolic bound
     start, step = 0, 1
     if len(numbers) >= 2:
         start = numbers[0]
@@ -374,7 +381,7 @@ def arange(ctx, *args, **kwargs):
 
     def fn(idx):
         i = index_expr(idx[0], torch.float64 if dtype.is_floating_point else torch.int64)
-        return cast(op("add", const(start, i.dtype), op("mul", i, const(step, i.dtype))), dtype)
+        return cast(op("add", scalar(start, i.dtype), op("mul", i, scalar(step, i.dtype))), dtype)
     return TensorValue(out_sizes(ctx), dtype, fn)
 
 
@@ -391,10 +398,14 @@ def view_map(x, sizes, index_map):
             strides = tuple(flat.coeff(s) if sz != 1 else sympy.Integer(0) for s, sz in zip(syms, sizes))
             offset = flat.xreplace({s: ZERO for s in syms})
             # torch has no negative strides: such views (flip) stay index maps
-            if all(st.is_number and st >= 0 for st in strides) and offset.is_number:
+            if all(_nonnegative(st) for st in strides) and _nonnegative(offset):
                 layout = ir.Layout(sizes, strides, x.dtype, offset)
                 return ir.view_value(x.view.name, layout)
     return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
+
+
+def _nonnegative(e):
+    return bool(e >= 0) if e.is_number else e.is_nonnegative is True
 
 
 def norm_dim(d, ndim):
@@ -453,7 +464,7 @@ def squeeze(ctx, x, dims=None):
 @register(aten.select.int, aten.select_copy.int)
 def select(ctx, x, dim, index):
     dim = norm_dim(dim, x.ndim)
-    index = index + int(x.sizes[dim]) if index < 0 else index
+    index = index + x.sizes[dim] if index < 0 else index
     return view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
                     lambda idx: list(idx[:dim]) + [sympy.Integer(index)] + list(idx[dim:]))
 
@@ -461,12 +472,27 @@ def select(ctx, x, dim, index):
 @register(aten.slice.Tensor, aten.slice_copy.Tensor)
 def slice_(ctx, x, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, x.ndim)
-    size = int(x.sizes[dim])
-    start, end, step = slice(start, end, step).indices(size)
-    length = int(ctx.out_meta().shape[dim])
+    if x.sizes[dim].is_number:
+        start, end, step = slice(start, end, step).indices(int(x.sizes[dim]))
+    else:
+        start = symbolic_slice_start(start, x.sizes[dim])
     sizes = list(x.sizes)
-    sizes[dim] = sympy.Integer(length)
+    sizes[dim] = out_sizes(ctx)[dim]  # the length (end only bounds it): the trace's answer
     return view_map(x, sizes, lambda idx: list(idx[:dim]) + [start + idx[dim] * step] + list(idx[dim + 1:]))
+
+
+def symbolic_slice_start(start, size):
+    """The first index of a slice of a dim of symbolic `size`, when it is known without clamping:
+    0, a non-negative number or expression, or size + a negative int (the trace guarded that it is
+    in range or made the length 0). Else Fallback."""
+    if start is None:
+        return ZERO
+    start = sympy.sympify(start)
+    if _nonnegative(start):
+        return start
+    if start.is_number:
+        return size + start
+    raise Fallback("a slice start that may be negative")
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor,
@@ -476,9 +502,9 @@ def split(ctx, x, split_size, dim=0):
     metas = ctx.out_meta()
     outs, start = [], 0
     for m in metas:
-        length = int(m.shape[dim])
+        length = ir.size_expr(m.shape[dim])
         sizes = list(x.sizes)
-        sizes[dim] = sympy.Integer(length)
+        sizes[dim] = length
         outs.append(view_map(x, sizes, lambda idx, s=start: list(idx[:dim]) + [s + idx[dim]] + list(idx[dim + 1:])))
         start += length
     return outs
@@ -489,7 +515,7 @@ def unbind(ctx, x, dim=0):
     dim = norm_dim(dim, x.ndim)
     return [view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
                      lambda idx, i=i: list(idx[:dim]) + [sympy.Integer(i)] + list(idx[dim:]))
-            for i in range(int(x.sizes[dim]))]
+            for i in range(len(ctx.out_meta()))]
 
 
 @register(aten.flip.default)
@@ -534,6 +560,8 @@ def view(ctx, x, sizes, *unused):
     if index_map is not None:
         return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
     # merging dims of a computed value would need div/mod per element: compute it once instead
+    if x.view is not None and x.view.layout.strides == ir.contiguous_strides(x.sizes):
+        raise Fallback("a reshape kiln cannot express as a view of symbolic sizes")
     base = ctx.realize(x, ir.Layout(x.sizes, ir.contiguous_strides(x.sizes), x.dtype))
     return view(ctx, base, sizes)
 
@@ -556,7 +584,7 @@ def view_strides(layout, new_sizes):
         group_new, numel_new = [new_nontrivial[ni]], new_sizes[new_nontrivial[ni]]
         ni += 1
         while numel_old != numel_new:
-            if numel_old < numel_new:
+            if ir.size_hint(numel_old) < ir.size_hint(numel_new):  # ordering only: groups must end equal
                 if oi >= len(old):
                     return None
                 group_old.append(old[oi])
@@ -588,7 +616,7 @@ def split_only_map(old_sizes, new_sizes):
     for k in old:
         group, numel = [], ONE
         while numel != old_sizes[k]:
-            if ni >= len(new) or numel * new_sizes[new[ni]] > old_sizes[k]:
+            if ni >= len(new) or ir.size_hint(numel * new_sizes[new[ni]]) > ir.size_hint(old_sizes[k]):
                 return None
             group.append(new[ni])
             numel = numel * new_sizes[new[ni]]
@@ -666,7 +694,8 @@ def divide_by(ctx, total, n, dtype):
     """total / n as a lazy value of `dtype`."""
     return TensorValue(total.sizes, dtype,
                        lambda idx: cast(op("truediv", cast(total.loader(idx), calc_dtype(dtype)),
-                                           const(float(n), calc_dtype(dtype))), dtype))
+                                           scalar(n, calc_dtype(dtype)) if ir.is_symbolic(n)
+                                           else const(float(n), calc_dtype(dtype))), dtype))
 
 
 @register(aten.mean.dim, aten.mean.default)
@@ -731,9 +760,14 @@ def var_and_mean(ctx, x, dims, correction, keepdim, dtype):
         dev = op("sub", cast(value, compute), mean_kept.loader(keepdim_index(full, dims)))
         return op("mul", dev, dev)
     sq = reduction(ctx, x, dims, keepdim, "sum", compute, value_fn=squared_deviation)
-    denominator = max(float(n) - correction, 0.0)
+    if ir.is_symbolic(n):
+        if correction != int(correction):
+            raise Fallback("a fractional correction over a symbolic count")
+        denominator = scalar(sympy.Max(n - int(correction), 0), compute)
+    else:
+        denominator = const(max(float(n) - correction, 0.0), compute)
     var = TensorValue(sq.sizes, dtype,
-                      lambda idx: cast(op("truediv", sq.loader(idx), const(denominator, compute)), dtype))
+                      lambda idx: cast(op("truediv", sq.loader(idx), denominator), dtype))
     if keepdim:
         mean_out = mean_kept
     else:
@@ -821,8 +855,8 @@ def native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
 def in_bounds(sym, lo, hi):
     """Expr: lo <= sym < hi, for a sympy index."""
     i = index_expr(sym)
-    return op("logical_and", op("ge", i, const(int(lo), torch.int64), dtype=torch.bool),
-              op("lt", i, const(int(hi), torch.int64), dtype=torch.bool), dtype=torch.bool)
+    lo, hi = scalar(sympy.sympify(lo), torch.int64), scalar(sympy.sympify(hi), torch.int64)
+    return op("logical_and", op("ge", i, lo, dtype=torch.bool), op("lt", i, hi, dtype=torch.bool), dtype=torch.bool)
 
 
 def clamped(sym, size):
@@ -840,13 +874,13 @@ def cat(ctx, tensors, dim=0):
     offsets, start = [], 0
     for t in parts:
         offsets.append(start)
-        start += int(t.sizes[dim])
+        start = start + t.sizes[dim]
 
     def fn(idx):
         # every branch loads at a clamped (in-bounds) index, so the select is branch-free and safe
         result = None
         for t, off in reversed(list(zip(parts, offsets))):
-            if int(t.sizes[dim]) == 0:
+            if t.sizes[dim] == 0:
                 continue
             local = list(idx)
             local[dim] = clamped(idx[dim] - off, t.sizes[dim])
@@ -854,7 +888,7 @@ def cat(ctx, tensors, dim=0):
             if result is None:
                 result = value
             else:
-                result = op("where", in_bounds(idx[dim], off, off + int(t.sizes[dim])), value, result)
+                result = op("where", in_bounds(idx[dim], off, off + t.sizes[dim]), value, result)
         return cast(result, dtype)
     return TensorValue(sizes, dtype, fn)
 
@@ -882,7 +916,7 @@ def wrapped_index(value, size):
     """An int64 index Expr with negative values counted from the end (as eager's indexing)."""
     v = cast(value, torch.int64)
     negative = op("lt", v, const(0, torch.int64), dtype=torch.bool)
-    return op("where", negative, op("add", v, const(int(size), torch.int64)), v)
+    return op("where", negative, op("add", v, scalar(sympy.sympify(size), torch.int64)), v)
 
 
 @register(aten.embedding.default)

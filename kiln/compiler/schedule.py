@@ -17,6 +17,7 @@ from typing import Optional
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._sympy.functions import FloorDiv
 
 from kiln.compiler import ir
 
@@ -230,7 +231,7 @@ def _divides(a, b):
 
 def _chain_sizes(boundaries):
     """Loop sizes (outermost first) whose suffix products are exactly `boundaries`, or None."""
-    chain = sorted({b for b in boundaries if b != 1}, key=lambda b: (int(b) if b.is_number else 0))
+    chain = sorted({b for b in boundaries if b != 1}, key=ir.size_hint)  # then checked: each divides the next
     sizes, prev = [], sympy.Integer(1)
     for b in chain:
         if not _divides(prev, b):
@@ -247,6 +248,8 @@ def _map_vars(node_vars, node_sizes, kernel_vars, kernel_sizes):
     for v, s in zip(reversed(node_vars), reversed(node_sizes)):
         expr, scale, covered = sympy.Integer(0), sympy.Integer(1), sympy.Integer(1)
         while covered != s:
+            if k == 0:  # the kernel's dims do not refine this node's (symbolic sizes that never match)
+                raise ValueError(f"loop dims {kernel_sizes} do not refine size {s}")
             k -= 1
             expr += kernel_vars[k] * scale
             scale *= kernel_sizes[k]
@@ -446,11 +449,14 @@ def kernel_stages(kernel):
 
 def workspace_plan(program):
     """Offsets (bytes) in one per-call workspace for the buffers kept there, reusing the space of
-    buffers whose last reader has run (first fit). Returns ({name: offset}, total bytes)."""
+    buffers whose last reader has run (first fit). Returns ({name: offset}, total bytes).
+    Buffers of symbolic size follow the others, one after another (no reuse): their offsets and
+    the total are size expressions, evaluated when the graph runs."""
     births = {n.name: k for k, step in enumerate(program.steps) if isinstance(step, Kernel)
               for n in step.nodes if program.storage[n.name] == "workspace"}
+    symbolic = [name for name in births if ir.is_symbolic(_storage_bytes(program.buffers[name].layout))]
     placed, offsets, top = [], {}, 0   # placed: (offset, size, last step that reads it)
-    for name in sorted(births, key=births.get):
+    for name in sorted(set(births) - set(symbolic), key=births.get):
         death = max(program.readers.get(name, set()) | {births[name]})
         size = (_storage_bytes(program.buffers[name].layout) + 63) // 64 * 64
         offset = 0
@@ -461,11 +467,17 @@ def workspace_plan(program):
         offsets[name] = offset
         placed.append((offset, size, death))
         top = max(top, offset + size)
+    top = sympy.Integer(top)
+    for name in sorted(symbolic, key=births.get):
+        offsets[name] = top
+        top = top + FloorDiv(_storage_bytes(program.buffers[name].layout) + 63, 64) * 64
     return offsets, top
 
 
 def _storage_bytes(layout):
-    if any(int(s) == 0 for s in layout.sizes):
+    if any(s == 0 for s in layout.sizes):
         return 0
-    extent = 1 + int(layout.offset) + sum((int(s) - 1) * int(st) for s, st in zip(layout.sizes, layout.strides))
-    return extent * layout.dtype.itemsize
+    extent = 1 + layout.offset + sum(((s - 1) * st for s, st in zip(layout.sizes, layout.strides)), sympy.Integer(0))
+    if ir.is_symbolic(extent):  # a symbolic size may be 0 when it runs: never a negative size
+        return sympy.Max(extent, 0) * layout.dtype.itemsize
+    return int(extent) * layout.dtype.itemsize

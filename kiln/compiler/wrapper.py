@@ -7,8 +7,10 @@ returns the outputs.
 import ctypes
 import math
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
 from kiln.compiler.schedule import Kernel
@@ -44,20 +46,26 @@ class _Source:
             return repr(value) if math.isfinite(value) else f"float({repr(str(value))})"
         if isinstance(value, (list, tuple)):
             return _sequence([self.literal(v) for v in value], isinstance(value, list))
+        if isinstance(value, sympy.Basic):  # a size expression: evaluated from the bound symbols
+            return pyexpr(value)
         return self.constant(value, "c")
 
 
-def build(program, entries, lib, ws_size, num_inputs):
-    """Returns (callable(*inputs) -> tuple, the wrapper's source)."""
+def build(program, entries, lib, ws_size, num_inputs, symbols=None):
+    """Returns (callable(*inputs) -> tuple, the wrapper's source). `symbols`: {size symbol: Python
+    source reading it from the inputs}, bound first on each call (dynamic shapes)."""
     src = _Source()
     storage, buffers = program.storage, program.buffers
     inputs = [f"arg{i}" for i in range(num_inputs)]
     src.lines.append(f"def kiln_graph({', '.join(inputs)}):")
+    src.globals.setdefault("math", math)  # size expressions may print math.floor/ceil
+    for sym, source in sorted((symbols or {}).items(), key=lambda item: item[0].name):
+        src.line(f"{sym.name} = {source}")
     for name, buf in buffers.items():
         if isinstance(buf, ir.ConstantBuffer):
             src.line(f"{name} = {src.constant(buf.value, 'attr')}")
     if ws_size:
-        src.line(f"ws = torch.empty(({ws_size},), dtype=torch.uint8)")
+        src.line(f"ws = torch.empty(({pyexpr(sympy.sympify(ws_size))},), dtype=torch.uint8)")
         src.line("ws_ptr = ws.data_ptr()")
     elif any(e.uses_workspace for e in entries):
         src.line("ws_ptr = None  # an empty workspace (zero-size buffers): NULL, never read")
@@ -87,9 +95,10 @@ def build(program, entries, lib, ws_size, num_inputs):
                         src.line(f"{n.name} = empty_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
                                  f"dtype={src.literal(layout.dtype)})")
             fn = getattr(lib, entry.name)
-            fn.argtypes = [ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
+            fn.argtypes = [ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace) + [ctypes.c_int64] * len(entry.sizes)
             fn.restype = None
-            call_args = [f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
+            call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
+                         + list(entry.sizes))
             src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
         else:
             _extern(src, step, buffers, kernel_read)
@@ -116,12 +125,20 @@ def _sequence(items, is_list=False):
 
 
 def _ints(xs):
-    return _sequence([str(int(x)) for x in xs])
+    return _sequence([pyexpr(sympy.sympify(x)) for x in xs])
+
+
+_PRINTER = PythonPrinter()
+
+
+def pyexpr(e):
+    """A sympy size expression as Python over the bound symbols (an int literal when static)."""
+    return str(int(e)) if e.is_number else _PRINTER.doprint(e)
 
 
 def _view(name, layout):
     return (f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
-            f"{name}.storage_offset() + {int(layout.offset)})")
+            f"{name}.storage_offset() + {pyexpr(sympy.sympify(layout.offset))})")
 
 
 def _extern(src, call, buffers, kernel_read):

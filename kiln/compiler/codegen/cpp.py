@@ -9,6 +9,7 @@ and the helpers below give max/min/floor-division/remainder eager's exact semant
 """
 import dataclasses
 import math
+import re
 
 import sympy
 import torch
@@ -181,7 +182,9 @@ def literal(value, dtype):
 
 
 def cindex(e):
-    """A sympy integer expression as C++ (int64 arithmetic)."""
+    """A sympy integer expression as C++ (int64 arithmetic). Sizes and indices are never negative,
+    so the floor divisions and remainders of ShapeEnv expressions (FloorDiv, PythonMod, ...) are
+    C's / and %."""
     if e.is_Integer:
         return f"{int(e)}LL" if abs(int(e)) >= 2**31 else str(int(e))
     if e.is_Symbol:
@@ -190,13 +193,23 @@ def cindex(e):
         return "(" + " + ".join(cindex(a) for a in e.args) + ")"
     if e.is_Mul:
         return "(" + " * ".join(cindex(a) for a in e.args) + ")"
-    if isinstance(e, sympy.Mod):  # indices are never negative: C's % agrees
-        return f"({cindex(e.args[0])} % {cindex(e.args[1])})"
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        fn = "std::min" if isinstance(e, sympy.Min) else "std::max"
-        out = cindex(e.args[0])
-        for a in e.args[1:]:
-            out = f"{fn}<int64_t>({out}, {cindex(a)})"
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([cindex(e.base)] * int(e.exp)) + ")"
+    kind = type(e).__name__
+    args = [cindex(a) for a in e.args]
+    if kind in ("Mod", "PythonMod"):
+        return f"({args[0]} % {args[1]})"
+    if kind in ("FloorDiv", "CleanDiv"):
+        return f"({args[0]} / {args[1]})"
+    if kind == "ModularIndexing":  # (a / b) % c
+        return f"(({args[0]} / {args[1]}) % {args[2]})"
+    if kind == "PowByNatural":
+        return f"kiln_ipow<int64_t>({args[0]}, {args[1]})"
+    if kind in ("Min", "Max"):
+        fn = "std::min" if kind == "Min" else "std::max"
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}<int64_t>({out}, {a})"
         return out
     raise NotImplementedError(f"index expression {e}")
 
@@ -338,6 +351,7 @@ class Entry:
     kernels: list
     args: list          # buffer names passed as pointers
     uses_workspace: bool
+    sizes: list = dataclasses.field(default_factory=list)  # size symbols passed as int64_t, after the pointers
 
 
 class KernelWriter:
@@ -359,7 +373,10 @@ class KernelWriter:
         lines = [f"  // {k.name}: " + ", ".join(f"{n.name}{'=' + n.reduction_type if n.is_reduction else ''}"
                                               for n in k.nodes) + f"  [{k.numel} x {k.rnumel}]", "  {"]
         lines += self.pointer_lines()
-        work = int(k.numel * k.rnumel) if (k.numel * k.rnumel).is_number else self.min_work
+        total = k.numel * k.rnumel
+        # symbolic sizes: whether to start threads is decided when the kernel runs
+        self.parallel_if = "" if total.is_number else f" if({cindex(sympy.expand(total))} >= {self.min_work})"
+        work = int(total) if total.is_number else self.min_work
         parallel = work >= self.min_work and self.threads > 1 and (k.numel != 1 or k.rnumel == 1)
         # one big reduction (x.sum()): the threads split the reduction loop instead
         self.split_reduction = work >= self.min_work and self.threads > 1 and k.numel == 1
@@ -393,7 +410,8 @@ class KernelWriter:
             ctype = CTYPES[buf.layout.dtype]
             written = any(n.name == name for n in self.kernel.nodes)
             const = "" if written else "const "
-            source = (f"(ws + {self.ws_offsets[name]})" if self.program.storage[name] == "workspace"
+            source = (f"(ws + {cindex(sympy.sympify(self.ws_offsets[name]))})"
+                      if self.program.storage[name] == "workspace"
                       else self.pointer_of(name))
             out.append(f"    {const}{ctype}* __restrict__ {name} = ({const}{ctype}*){source};")
             self.pointers[name] = name
@@ -414,7 +432,7 @@ class KernelWriter:
 
     def outer_loops(self, sizes, body, parallel, simd_innermost):
         lines, ind = [], 2
-        pragma_threads = f" num_threads({self.threads})"
+        pragma_threads = f" num_threads({self.threads}){self.parallel_if}"
         n = len(sizes)
         if n == 0:
             return ["    {"] + body + ["    }"]
@@ -510,7 +528,8 @@ class KernelWriter:
                 innermost = i == len(self.inner) - 1
                 if i == 0 and split:
                     kind = "parallel for simd" if innermost else "parallel for"
-                    body.append(f"{ipad}#pragma omp {kind} num_threads({self.threads}) " + " ".join(clauses))
+                    body.append(f"{ipad}#pragma omp {kind} num_threads({self.threads}){self.parallel_if} "
+                                + " ".join(clauses))
                 elif innermost and simd_ok:
                     body.append(f"{ipad}#pragma omp simd " + " ".join(c for c in clauses if c))
                 body.append(f"{ipad}for (int64_t r{i} = 0; r{i} < {cindex(s)}; ++r{i}) {{")
@@ -549,8 +568,9 @@ class KernelWriter:
         printer.lines.append(pad + update)
 
 
-def generate(program, ws_offsets, options):
-    """The C++ source for `program` and its entries (one per run of kernels between externs)."""
+def generate(program, ws_offsets, options, symbols=()):
+    """The C++ source for `program` and its entries (one per run of kernels between externs).
+    `symbols`: the names of the size symbols; an entry takes those its kernels use."""
     entries, current = [], None
     for step in program.steps:
         if isinstance(step, Kernel):
@@ -575,7 +595,10 @@ def generate(program, ws_offsets, options):
         entry.uses_workspace = any(program.storage[n.name] == "workspace" or
                                    any(program.storage.get(r) == "workspace" for r in n.reads)
                                    for k in entry.kernels for n in k.nodes)
-        params = [f"void* p_{a}" for a in args] + (["char* ws"] if entry.uses_workspace else [])
+        used = set(re.findall(r"\b[a-z]+\d+\b", "\n".join(body)))
+        entry.sizes = [name for name in symbols if name in used]
+        params = ([f"void* p_{a}" for a in args] + (["char* ws"] if entry.uses_workspace else [])
+                  + [f"const int64_t {name}" for name in entry.sizes])
         parts.append(f'extern "C" void {entry.name}({", ".join(params)}) {{')
         parts += body
         parts.append("}\n")
