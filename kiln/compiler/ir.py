@@ -202,7 +202,10 @@ class Pointwise:
     inner_fn: Callable  # index -> Expr
 
 
-REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "window_argmax")
+# reductions whose result is a position in the reduction loop. window_argmax is max pooling's:
+# the first value above every earlier one (from -inf), or the last NaN; -1 when none is
+ARG_REDUCTIONS = ("argmax", "argmin", "window_argmax")
 
 
 @dataclasses.dataclass
@@ -211,6 +214,45 @@ class Reduction:
     reduction_ranges: tuple
     reduction_type: str
     inner_fn: Callable  # (index, reduction_index) -> Expr
+
+
+# scan kinds: running sum/prod/logsumexp/max/min, and the index of the running max/min (eager's
+# cummax/cummin: a later equal value or any NaN takes the index)
+SCAN_TYPES = ("sum", "prod", "logsumexp", "max", "min", "argmax", "argmin")
+
+
+@dataclasses.dataclass
+class Scan:
+    """out[..., i, ...] = the `scan_type` of inner_fn over [..., 0..i, ...] along `dim`, accumulated
+    in `acc_dtype` (eager's: double for float32 sums). Runs sequentially along `dim`."""
+    ranges: tuple
+    dim: int
+    scan_type: str
+    inner_fn: Callable  # index -> Expr
+    acc_dtype: torch.dtype
+
+
+# how a scatter combines a value with the element it hits (None: a plain store, the last wins)
+SCATTER_MODES = (None, "sum", "prod", "max", "min")
+
+
+@dataclasses.dataclass
+class Scatter:
+    """out = init_fn over `ranges`; then for each point p of `source_ranges`, in row-major order:
+    out[target_fn(p)] = combine(out[...], value_fn(p)). target_fn gives one position per out dim:
+    a sympy index or an int64 Expr read from data, bounds-checked when the kernel runs (an
+    out-of-range index writes nothing and raises in the wrapper, as eager raises).
+    With include_self=False an element that is hit starts from the mode's identity.
+    Two points may hit one element only if they differ in `serial_dims` alone: those dims run in
+    order, the others in parallel."""
+    ranges: tuple
+    init_fn: Callable          # out index -> Expr
+    source_ranges: tuple
+    target_fn: Callable        # source index -> tuple of (sympy expr | int64 Expr)
+    value_fn: Callable         # source index -> Expr
+    mode: Optional[str]
+    include_self: bool
+    serial_dims: tuple
 
 
 @dataclasses.dataclass
@@ -231,7 +273,7 @@ class ConstantBuffer(Buffer):
 
 @dataclasses.dataclass
 class ComputedBuffer(Buffer):
-    data: object  # Pointwise | Reduction
+    data: object  # Pointwise | Reduction | Scan | Scatter
 
 
 @dataclasses.dataclass

@@ -1000,3 +1000,7 @@ def prims_div(ctx, a, b):
 for _target, _name in {prims.mul.default: "mul", prims.add.default: "add", prims.sub.default: "sub",
                        prims.maximum.default: "maximum", prims.minimum.default: "minimum"}.items():
     register(_target)(_binary(_name))
+
+
+# lowerings kept in modules of their own register themselves into LOWERINGS on import
+from kiln.compiler import lowerings_pooling, lowerings_scan, lowerings_scatter  # noqa: E402,F401

@@ -36,6 +36,8 @@ class LoopNode:
     body: ir.Expr                # over vars x0.. (and r0..)
     store_index: sympy.Expr      # over vars x0..
     reads: set
+    # a Scan or Scatter (see schedule_sequential): runs alone in its kernel, printed by codegen/cpp_sequential
+    sequential: object = None
 
     @property
     def numel(self):
@@ -58,6 +60,9 @@ class LoopNode:
 
 def trace(buf: ir.ComputedBuffer) -> LoopNode:
     data = buf.data
+    if isinstance(data, (ir.Scan, ir.Scatter)):
+        from kiln.compiler.schedule_sequential import trace_sequential
+        return trace_sequential(buf)
     reduction = isinstance(data, ir.Reduction)
     outer = _vars_for(data.ranges, "x")
     inner = _vars_for(data.reduction_ranges, "r") if reduction else []
@@ -273,6 +278,8 @@ def _fits(kernel, node):
 
 def try_fuse(kernel, node, epilogue_fusion=True):
     """Add `node` to `kernel` if legal (see the module doc); returns whether it did."""
+    if node.sequential is not None or any(n.sequential is not None for n in kernel.nodes):
+        return False
     if not epilogue_fusion and not node.is_reduction and any(
             n.is_reduction and n.name in node.reads for n in kernel.nodes):
         return False

@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
+from kiln.compiler.codegen.cpp_sequential import ScatterIndexError
 from kiln.compiler.schedule import Kernel
 
 
@@ -25,7 +26,7 @@ def fix_layout(t, size, stride):
 
 class _Source:
     def __init__(self):
-        self.lines, self.globals = [], {"torch": torch, "empty_strided": torch.empty_strided,
+        self.lines, self.globals = [], {"torch": torch, "empty_strided": torch.empty_strided, "ctypes": ctypes,
                                         "fix_layout": fix_layout}
 
     def line(self, text, indent=1):
@@ -95,11 +96,18 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
                         src.line(f"{n.name} = empty_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
                                  f"dtype={src.literal(layout.dtype)})")
             fn = getattr(lib, entry.name)
-            fn.argtypes = [ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace) + [ctypes.c_int64] * len(entry.sizes)
+            fn.argtypes = ([ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
+                           + [ctypes.c_int64] * len(entry.sizes) + [ctypes.c_void_p] * entry.checks_indices)
             fn.restype = None
             call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
                          + list(entry.sizes))
+            if entry.checks_indices:  # a scatter kernel reports an out-of-range index here
+                src.line("err = ctypes.c_int64(0)")
+                call_args.append("ctypes.addressof(err)")
             src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
+            if entry.checks_indices:
+                src.line(f"if err.value: raise {src.constant(ScatterIndexError, 'error')}("
+                         "'index out of bounds in a scatter or index_put (kiln kernel)')")
         else:
             _extern(src, step, buffers, kernel_read)
     outs = []

@@ -352,6 +352,7 @@ class Entry:
     args: list          # buffer names passed as pointers
     uses_workspace: bool
     sizes: list = dataclasses.field(default_factory=list)  # size symbols passed as int64_t, after the pointers
+    checks_indices: bool = False  # takes `int64_t* kiln_err` last: a scatter met an out-of-range index
 
 
 class KernelWriter:
@@ -365,6 +366,9 @@ class KernelWriter:
 
     def write(self):
         k = self.kernel
+        if k.nodes[0].sequential is not None:  # a Scan or Scatter: its own loops
+            from kiln.compiler.codegen.cpp_sequential import write_sequential
+            return write_sequential(self)
         outer, inner = k.dims()
         self.outer_vars = [loop_var("x", i) for i in range(len(outer))]
         self.inner_vars = [loop_var("r", i) for i in range(len(inner))]
@@ -500,8 +504,9 @@ class KernelWriter:
                 acc_ctype = "double"
             acc = f"acc_{n.name}"
             accs[n.name] = (acc, acc_ctype)
-            if n.reduction_type in ("argmax", "argmin"):
-                body.append(f"{pad}{acc_ctype} {acc} = 0; int64_t {acc}_i = -1;")
+            if n.reduction_type in ir.ARG_REDUCTIONS:
+                init = reduction_init("max", acc_ctype) if n.reduction_type == "window_argmax" else "0"
+                body.append(f"{pad}{acc_ctype} {acc} = {init}; int64_t {acc}_i = -1;")
             else:
                 body.append(f"{pad}{acc_ctype} {acc} = {reduction_init(n.reduction_type, acc_ctype)};")
                 simd_op = simd_reduction_op(n.reduction_type, acc_ctype)
@@ -541,7 +546,7 @@ class KernelWriter:
                 del self.locals[node.name]
         for node in reductions:
             acc, _ = accs[node.name]
-            result = f"{acc}_i" if node.reduction_type in ("argmax", "argmin") else acc
+            result = f"{acc}_i" if node.reduction_type in ir.ARG_REDUCTIONS else acc
             ctype = compute_ctype(node.layout.dtype)
             value = f"({ctype}){result}"
             if node.layout.dtype in ir.HALF_DTYPES:
@@ -552,7 +557,7 @@ class KernelWriter:
     def accumulate(self, node, value, acc_info, printer):
         acc, acc_ctype = acc_info
         pad = "  " * printer.indent
-        if node.reduction_type in ("argmax", "argmin"):
+        if node.reduction_type in ir.ARG_REDUCTIONS:
             flat = sympy.Integer(0)
             stride = sympy.Integer(1)
             for v, s in zip(reversed(node.rvars()), reversed(node.reduction_sizes)):
@@ -560,9 +565,10 @@ class KernelWriter:
                 stride *= s
             position = printer.index(flat)
             better = ">" if node.reduction_type == "argmax" else "<"
-            printer.lines.append(
-                f"{pad}if ({acc}_i < 0 || {value} {better} {acc} || ({value} != {value} && {acc} == {acc})) "
-                f"{{ {acc} = {value}; {acc}_i = {position}; }}")
+            takes = f"{acc}_i < 0 || {value} {better} {acc} || ({value} != {value} && {acc} == {acc})"
+            if node.reduction_type == "window_argmax":
+                takes = f"{value} > {acc} || {value} != {value}"
+            printer.lines.append(f"{pad}if ({takes}) {{ {acc} = {value}; {acc}_i = {position}; }}")
             return
         update = REDUCTIONS[node.reduction_type][1].format(acc=acc, v=f"({acc_ctype}){value}")
         printer.lines.append(pad + update)
@@ -595,10 +601,13 @@ def generate(program, ws_offsets, options, symbols=()):
         entry.uses_workspace = any(program.storage[n.name] == "workspace" or
                                    any(program.storage.get(r) == "workspace" for r in n.reads)
                                    for k in entry.kernels for n in k.nodes)
+        from kiln.compiler.codegen.cpp_sequential import ERROR_FLAG, needs_error_flag
+        entry.checks_indices = any(needs_error_flag(k) for k in entry.kernels)
         used = set(re.findall(r"\b[a-z]+\d+\b", "\n".join(body)))
         entry.sizes = [name for name in symbols if name in used]
         params = ([f"void* p_{a}" for a in args] + (["char* ws"] if entry.uses_workspace else [])
                   + [f"const int64_t {name}" for name in entry.sizes])
+        params += [f"int64_t* {ERROR_FLAG}"] if entry.checks_indices else []
         parts.append(f'extern "C" void {entry.name}({", ".join(params)}) {{')
         parts += body
         parts.append("}\n")

@@ -1,0 +1,184 @@
+"""C++ for the kernels that run in order along some dims: Scan and Scatter (see schedule_sequential).
+
+A scan keeps one accumulator per outer point and walks the scan dim in order, storing the
+running value at every step (outer points split among threads). A scatter first copies its
+initial value over the whole output (parallel), then walks the source points: dims where two
+points may hit one element run in order (so the last write wins, as in eager's CPU kernels), the
+others in parallel. A data-dependent position out of range writes nothing and sets `*kiln_err`;
+the wrapper raises (eager raises there too).
+"""
+import sympy
+import torch
+
+from kiln.compiler import ir
+from kiln.compiler.codegen.cpp import CTYPES, ExprPrinter, cindex, compute_ctype, reduction_init
+from kiln.compiler.schedule import loop_var
+from kiln.compiler.schedule_sequential import ScanPlan, ScatterPlan, position_symbol
+
+ERROR_FLAG = "kiln_err"  # the entry parameter (int64_t*) a scatter sets on an out-of-range index
+
+
+class ScatterIndexError(IndexError, RuntimeError):
+    """A scatter index out of range (eager raises RuntimeError for scatter, IndexError for index_put)."""
+
+
+def needs_error_flag(kernel):
+    return any(isinstance(n.sequential, ScatterPlan) for n in kernel.nodes)
+
+
+def write_sequential(writer):
+    """The C++ lines of `writer.kernel` (a KernelWriter holding one Scan or Scatter node)."""
+    node = writer.kernel.nodes[0]
+    plan = node.sequential
+    kind = f"scan {plan.scan_type}" if isinstance(plan, ScanPlan) else f"scatter {plan.mode or 'store'}"
+    lines = [f"  // {writer.kernel.name}: {node.name}={kind}", "  {"]
+    lines += writer.pointer_lines()
+    lines += _scan(writer, node) if isinstance(plan, ScanPlan) else _scatter(writer, node)
+    lines.append("  }")
+    return lines
+
+
+def _parallel(writer, work, outer_count):
+    """Whether loops with `work` points in all, `outer_count` of them parallel, are worth threads."""
+    work = int(work) if work.is_number else writer.min_work
+    return outer_count != 1 and work >= writer.min_work and writer.threads > 1
+
+
+def _loops(names, sizes, body, indent, parallel_count, threads):
+    """for-loops over `names` (outermost first), the first `parallel_count` split among threads;
+    `body` is indented for the innermost level."""
+    lines = []
+    for k, (v, s) in enumerate(zip(names, sizes)):
+        pad = "  " * (indent + k)
+        if k == 0 and parallel_count:
+            clause = f" collapse({parallel_count})" if parallel_count > 1 else ""
+            lines.append(f"{pad}#pragma omp parallel for{clause} num_threads({threads})")
+        lines.append(f"{pad}for (int64_t {v} = 0; {v} < {cindex(s)}; ++{v}) {{")
+    lines += body
+    for k in reversed(range(len(names))):
+        lines.append("  " * (indent + k) + "}")
+    return lines
+
+
+def _store(dtype, value):
+    """C++ for `value` (a compute-type expression) converted to `dtype`'s storage type."""
+    if dtype == torch.float16:
+        return f"(_Float16)(float)({value})"
+    if dtype == torch.bfloat16:
+        return f"kiln_bf16_store((float)({value}))"
+    return f"({CTYPES[dtype]})({value})"
+
+
+# ---- scan ---------------------------------------------------------------------------------------
+
+def _scan_update(kind, acc, v, acc_ctype):
+    """Lines updating accumulator `acc` (and index `acc_i`) with value `v` at scan position r0."""
+    if kind == "sum":
+        return [f"{acc} = {acc} + ({acc_ctype}){v};"]
+    if kind == "prod":
+        return [f"{acc} = {acc} * ({acc_ctype}){v};"]
+    if kind == "logsumexp":  # eager's _log_add_exp_helper(v, acc), NaN and infinities included
+        return [f"{acc_ctype} x_{acc} = ({acc_ctype}){v};",
+                f"{acc_ctype} lo_{acc} = {acc} != {acc} ? {acc} : std::min<{acc_ctype}>(x_{acc}, {acc});",
+                f"{acc_ctype} hi_{acc} = {acc} != {acc} ? {acc} : std::max<{acc_ctype}>(x_{acc}, {acc});",
+                f"{acc} = (lo_{acc} != hi_{acc} || std::isfinite(lo_{acc})) ? "
+                f"std::log1p(std::exp(lo_{acc} - hi_{acc})) + hi_{acc} : x_{acc};"]
+    # cummax/cummin: a NaN, or a value at least as large (small), takes over, as in eager
+    better = ">=" if kind in ("max", "argmax") else "<="
+    return [f"{acc_ctype} x_{acc} = ({acc_ctype}){v};",
+            f"if (r0 == 0 || x_{acc} != x_{acc} || ({acc} == {acc} && x_{acc} {better} {acc})) "
+            f"{{ {acc} = x_{acc}; {acc}_i = r0; }}"]
+
+
+SCAN_INIT = {"sum": "0", "prod": "1", "logsumexp": "-std::numeric_limits<{t}>::infinity()"}
+
+
+def _scan(writer, node):
+    plan = node.sequential
+    outer = [loop_var("x", k) for k in range(len(node.sizes))]
+    acc_ctype = compute_ctype(plan.acc_dtype)
+    indent = 2 + len(outer)
+    acc = f"acc_{node.name}"
+    body = ["  " * indent + f"{acc_ctype} {acc} = {SCAN_INIT.get(plan.scan_type, '0').format(t=acc_ctype)};"
+            f" int64_t {acc}_i = 0; (void){acc}_i;"]
+    inner = []
+    printer = ExprPrinter(inner, indent + 1, writer.pointers, {})
+    value = printer.expr(node.body)
+    inner += ["  " * (indent + 1) + line for line in _scan_update(plan.scan_type, acc, value, acc_ctype)]
+    result = f"{acc}_i" if plan.scan_type in ("argmax", "argmin") else acc
+    inner.append("  " * (indent + 1) + f"{node.name}[{cindex(node.store_index)}] = "
+                 f"{_store(node.layout.dtype, result)};")
+    body += _loops(["r0"], node.reduction_sizes, inner, indent, 0, writer.threads)
+    parallel = _parallel(writer, node.numel * node.rnumel, node.numel) and outer
+    return _loops([v.name for v in outer], node.sizes, body, 2, len(outer) if parallel else 0, writer.threads)
+
+
+# ---- scatter ------------------------------------------------------------------------------------
+
+def _scatter(writer, node):
+    plan = node.sequential
+    dtype = node.layout.dtype
+    if dtype in ir.HALF_DTYPES:
+        raise NotImplementedError("scatter into a half dtype")  # lowerings decline these
+    outer = [loop_var("x", k) for k in range(len(node.sizes))]
+    indent = 2 + len(outer)
+    init_lines = []
+    printer = ExprPrinter(init_lines, indent, writer.pointers, {})
+    init_lines.append("  " * indent + f"{node.name}[{cindex(node.store_index)}] = "
+                      f"{_store(dtype, printer.expr(node.body))};")
+    parallel = _parallel(writer, node.numel, node.numel)
+    lines = _loops([v.name for v in outer], node.sizes, init_lines, 2, len(outer) if parallel else 0,
+                   writer.threads)
+    return lines + _scatter_loops(writer, node)
+
+
+def _scatter_loops(writer, node):
+    plan = node.sequential
+    names = [f"q{k}" for k in range(len(plan.source_sizes))]  # not s*: the size symbols
+    par = [names[d] for d in plan.parallel]
+    ser = [names[d] for d in plan.serial]
+    par_sizes = [plan.source_sizes[d] for d in plan.parallel]
+    ser_sizes = [plan.source_sizes[d] for d in plan.serial]
+    indent = 2 + len(par)
+    passes = [] if plan.include_self else [_scatter_point(writer, node, indent + len(ser), identity=True)]
+    passes.append(_scatter_point(writer, node, indent + len(ser), identity=False))
+    body = []
+    for point in passes:
+        body += _loops(ser, ser_sizes, point, indent, 0, writer.threads)
+    work = ir.sympy_product(plan.source_sizes)
+    parallel = par and _parallel(writer, work, ir.sympy_product(par_sizes))
+    return _loops(par, par_sizes, body, 2, len(par) if parallel else 0, writer.threads)
+
+
+def _scatter_point(writer, node, indent, identity):
+    """Lines for one source point: check its positions, then store (or combine) at the target;
+    with `identity`, store the mode's identity instead (include_self=False's first pass)."""
+    plan = node.sequential
+    pad = "  " * (indent + 1)
+    lines = ["  " * indent + "do {"]
+    printer = ExprPrinter(lines, indent + 1, writer.pointers, {})
+    bound = {}
+    for k, (position, size) in enumerate(zip(plan.positions, plan.out_sizes)):
+        if isinstance(position, ir.Expr):
+            name = f"p{k}_{node.name}"
+            lines.append(f"{pad}const int64_t {name} = (int64_t){printer.expr(position)};")
+            lines.append(f"{pad}if ({name} < 0 || {name} >= {cindex(size)}) "
+                         f"{{ __atomic_store_n({ERROR_FLAG}, (int64_t)1, __ATOMIC_RELAXED); break; }}")
+            bound[position_symbol(k)] = sympy.Symbol(name, integer=True)
+    target = f"{node.name}[{cindex(plan.target_index.xreplace(bound))}]"
+    ctype = CTYPES[node.layout.dtype]
+    if identity:
+        lines.append(f"{pad}{target} = {reduction_init(plan.mode, ctype)};")
+    else:
+        lines.append(f"{pad}{target} = {_combine(plan.mode, target, printer.expr(plan.value), ctype)};")
+    lines.append("  " * indent + "} while (0);")
+    return lines
+
+
+def _combine(mode, target, value, ctype):
+    v = f"({ctype})({value})"
+    if mode is None:
+        return v
+    if mode in ("max", "min"):
+        return f"kiln_{mode}<{ctype}>({target}, {v})"
+    return f"({ctype})({target} {'+' if mode == 'sum' else '*'} {v})"
