@@ -155,8 +155,14 @@ def _functional_trace(fn, decompositions, example_inputs, state):
         # to aten first (mutations kept; decompositions see SymInts), then functionalize that
         # aten graph, which holds no composite ops any more.
         fn = make_fx(fn, decomposition_table=decompositions, tracing_mode=mode)(*example_inputs, *state)
+        if not _has_mutations(fn.graph):  # already functional: a second trace would change nothing
+            return fn
     return make_fx(torch.func.functionalize(fn, remove="mutations"), decomposition_table=decompositions,
                    tracing_mode=mode)(*example_inputs, *state)
+
+
+def _has_mutations(graph):
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes)
 
 
 def _mutates_intermediates(graph):
@@ -250,8 +256,9 @@ def _output_aliases(user_outputs, input_nodes, writes):
     owner.update((node, i) for i, node in writes.items() if i < len(input_nodes))
     aliases = []
     for k, out in enumerate(user_outputs):
-        node = out
+        node, chain = out, []
         while isinstance(node, torch.fx.Node) and node not in owner and _is_view(node):
+            chain.append(node)
             node = node.args[0]
         if not isinstance(node, torch.fx.Node) or node not in owner:
             continue
@@ -261,15 +268,43 @@ def _output_aliases(user_outputs, input_nodes, writes):
         val = _val(out)
         if val.dtype != _val(node).dtype:  # view_as_complex, x.view(dtype): values only
             continue
+        if node is not input_nodes[owner[node]]:
+            # a view of an input's new value: its strides were traced on the functional value's
+            # layout, not the input's; eager took the same views of the input itself
+            val = _replay_views(chain[::-1], _val(input_nodes[owner[node]]))
+            if val is None:
+                continue
         layout = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
         if not any(free_symbols(s) for s in (*layout[0], *layout[1], layout[2])):
             aliases.append(OutputAlias(k, owner[node], layout))
     return aliases
 
 
+def _replay_views(chain, base):
+    """The fake value of the view ops `chain` applied to `base`, or None when one does not apply
+    as a view there (a reshape eager would have copied)."""
+    if not isinstance(base, FakeTensor):
+        return None
+    try:
+        with base.fake_mode:
+            t = base
+            for node in chain:
+                rest = (node.args[1:], node.kwargs)
+                if any(isinstance(a, torch.fx.Node) for a in pytree.tree_leaves(rest)):
+                    return None
+                t = t[node.args[1]] if node.target is operator.getitem else node.target(t, *rest[0], **rest[1])
+    except Exception:  # noqa: BLE001 - any refusal means: not a view of the input there
+        return None
+    if not isinstance(t, torch.Tensor) or not torch._C._is_alias_of(t, base):
+        return None
+    return t
+
+
 def _check_mutated_inputs_do_not_overlap(example_inputs, mutated):
     """Functionalization treats inputs as independent; a mutated input that shares memory with
-    another input would leave the other one stale."""
+    another input would leave the other one stale. It also treats an input's elements as
+    independent: a mutated input whose elements share memory (an expanded tensor, which eager's
+    fill_ accepts) cannot be written back element by element."""
     real = [(i, x) for i, x in enumerate(example_inputs)
             if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)]
     for i in mutated:

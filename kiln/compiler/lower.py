@@ -167,6 +167,8 @@ class GraphLowering(LoweringContext):
     def extern(self, node, args, kwargs, reason):
         """Call aten for `node`; tensor arguments are realized, results become ExternBuffers."""
         log("perf_hints", "%s runs through aten (%s)", node.target, reason)
+        if self.symbol_sources:
+            log("dynamic", "%s runs through aten in a graph with symbolic sizes (%s)", node.target, reason)
         self.fallbacks.append(str(node.target))
 
         def as_arg(a):
