@@ -9,6 +9,8 @@ one fixed window. Max pooling's indices follow eager's CPU kernel: the first val
 earlier ones, any NaN taking over, and the window's first valid position when no value beats -inf.
 """
 import dataclasses
+import functools
+import itertools
 import types
 from typing import Callable, Optional
 
@@ -22,6 +24,8 @@ from kiln.compiler.lowerings import Fallback, calc_dtype, check_real, op, out_si
 aten = torch.ops.aten
 ZERO, ONE = sympy.Integer(0), sympy.Integer(1)
 I64 = torch.int64
+# windows of up to this many offsets become one pointwise expression (see window_reduce)
+UNROLL_WINDOW = 16
 
 
 @dataclasses.dataclass
@@ -78,6 +82,10 @@ class Window:
     def sizes(self):
         return [w.size for w in self.dims]
 
+    def unrollable(self):
+        size = ir.sympy_product(self.sizes())
+        return size.is_number and size <= UNROLL_WINDOW
+
     def positions(self, idx, ridx):
         """(sympy input index, validity Expr or None) of window offset ridx of output idx."""
         local, valid = list(idx[:self.batch]), None
@@ -128,15 +136,38 @@ def lowest(dtype):
 
 # ---- max pooling ---------------------------------------------------------------------------------
 
+def window_reduce(ctx, sizes, window, kind, fill, compute, dtype):
+    """The `kind` reduction ("sum", "max", "window_argmax") of each output's window, masked
+    offsets reading `fill`. A small window is unrolled into one pointwise expression, whose loop
+    over output points vectorizes; a reduction loop would vectorize over the few offsets."""
+    def value(idx, ridx):
+        return window.masked(idx, ridx, fill, compute)
+    if not window.unrollable():
+        return ctx.reduction(sizes, window.sizes(), kind, value, dtype)
+    offsets = list(itertools.product(*(range(int(w.size)) for w in window.dims)))
+
+    def unrolled(idx):
+        values = [value(idx, tuple(sympy.Integer(j) for j in ridx)) for ridx in offsets]
+        if kind == "sum":
+            return functools.reduce(lambda a, b: op("add", a, b), values)
+        if kind == "max":
+            return functools.reduce(lambda a, b: op("maximum", a, b), values)
+        best, at = const(fill, compute), const(-1, I64)  # window_argmax: eager's update, offset by offset
+        for j, v in enumerate(values):
+            takes = op("logical_or", op("gt", v, best, dtype=torch.bool), op("ne", v, v, dtype=torch.bool),
+                       dtype=torch.bool)
+            best, at = op("where", takes, v, best), op("where", takes, const(j, I64), at)
+        return at
+    return TensorValue(sizes, dtype, unrolled)
+
+
 def max_pool(ctx, x, window, dtype):
     """(values, indices) of max pooling over `window`: two reductions over the same loads."""
     compute = calc_dtype(x.dtype)
     fill = lowest(compute)
     sizes = meta_sizes(ctx.out_meta()[0])
-    values = ctx.reduction(sizes, window.sizes(), "max",
-                           lambda idx, ridx: window.masked(idx, ridx, fill, compute), compute)
-    best = ctx.reduction(sizes, window.sizes(), "window_argmax",
-                         lambda idx, ridx: window.masked(idx, ridx, fill, compute), I64)
+    values = window_reduce(ctx, sizes, window, "max", fill, compute, compute)
+    best = window_reduce(ctx, sizes, window, "window_argmax", fill, compute, I64)
     out = TensorValue(values.sizes, dtype, lambda idx: cast(values.loader(idx), dtype))
     return out, TensorValue(sizes, I64, lambda idx: input_position(window, idx, best.loader(idx)))
 
@@ -190,8 +221,7 @@ def meta_sizes(meta):
 # ---- average pooling ------------------------------------------------------------------------------
 
 def window_sum(ctx, window, dtype):
-    return ctx.reduction(out_sizes(ctx), window.sizes(), "sum",
-                         lambda idx, ridx: window.masked(idx, ridx, 0, dtype), dtype)
+    return window_reduce(ctx, out_sizes(ctx), window, "sum", 0, dtype, dtype)
 
 
 def divided(total, divisor_of, out_dtype):

@@ -98,9 +98,33 @@ def broadcast_sizes(shapes):
     return tuple(out)
 
 
+def masked_put(ctx, x, d, mask, values, accumulate):
+    """x[..., mask, ...] = values (one boolean index at dim d) as a select: every element is hit
+    at most once, so no scatter is needed, provided values do not vary along the selected
+    elements (their count is known only at run time)."""
+    after = len(x.sizes) - d - mask.ndim
+    k = values.ndim - after - 1  # values' dim that runs along the selected elements
+    if k >= 0 and values.sizes[k] != 1:
+        raise Fallback("index_put with a mask and values that vary along the selected elements")
+    indexed = tuple(x.sizes[:d]) + (ONE,) + tuple(x.sizes[d + mask.ndim:])
+    load_value = broadcast(values, indexed, x.dtype)
+
+    def fn(idx):
+        selected = op("ne", cast(mask.loader(tuple(idx[d:d + mask.ndim])), I64), const(0, I64), dtype=torch.bool)
+        v = load_value(tuple(idx[:d]) + (ZERO,) + tuple(idx[d + mask.ndim:]))
+        old = x.loader(idx)
+        if accumulate:
+            return cast(op("add", old, op("where", selected, v, const(0, x.dtype))), x.dtype)
+        return op("where", selected, v, old)
+    return TensorValue(tuple(x.sizes), x.dtype, fn)
+
+
 @register(aten.index_put.default)
 def index_put(ctx, x, indices, values, accumulate=False):
     check_target(x)
+    masks = [d for d, i in enumerate(indices) if i is not None and i.dtype in (torch.bool, torch.uint8)]
+    if masks and len([i for i in indices if i is not None]) == 1:
+        return masked_put(ctx, x, masks[0], indices[masks[0]], values, accumulate)
     if len(indices) > x.ndim or any(i is not None and i.dtype not in (torch.int64, torch.int32) for i in indices):
         raise Fallback("index_put with boolean or too many indices")
     indices = list(indices) + [None] * (x.ndim - len(indices))
@@ -135,3 +159,41 @@ def index_put(ctx, x, indices, values, accumulate=False):
     data = ir.Scatter(tuple(x.sizes), lambda idx: x.loader(idx), source, target, load_value,
                       "sum" if accumulate else None, True, serial)
     return sequential_buffer(ctx, x.sizes, x.dtype, data)
+
+
+def slice_bounds(start, end, step, size):
+    """eager's slice of a dim of `size`: (start, end) clamped to [0, size], negatives from the end."""
+    if not all(isinstance(v, int) for v in (start, end, step) if v is not None) or not size.is_number:
+        raise Fallback("slice_scatter with symbolic bounds")
+    size = int(size)
+    start, end = (0 if start is None else start), (size if end is None else end)
+    start, end = (start + size if start < 0 else start), (end + size if end < 0 else end)
+    return min(max(start, 0), size), min(max(end, start, 0), size), step
+
+
+@register(aten.slice_scatter.default)
+def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
+    """x with src in x[..., start:end:step, ...]: each element is hit at most once, a select."""
+    check_real(x, src)
+    if x.ndim == 0:
+        raise Fallback("slice_scatter of a 0-d tensor")
+    dim = dim + x.ndim if dim < 0 else dim
+    start, end, step = slice_bounds(start, end, step, x.sizes[dim])
+
+    def fn(idx):
+        i = ir.index_expr(idx[dim])
+        inside = op("logical_and", op("ge", i, const(start, I64), dtype=torch.bool),
+                    op("lt", i, const(end, I64), dtype=torch.bool), dtype=torch.bool)
+        offset = op("sub", i, const(start, I64))
+        if step != 1:
+            on_step = op("eq", op("remainder", offset, const(step, I64)), const(0, I64), dtype=torch.bool)
+            inside = op("logical_and", inside, on_step, dtype=torch.bool)
+            position = op("floordiv", offset, const(step, I64))
+            # clamped so a point outside the slice still loads in bounds (then it is not selected)
+            last = ir.index_expr(sympy.Max(src.sizes[dim] - 1, 0))
+            at = ir.indirect(op("minimum", op("maximum", position, const(0, I64)), last))
+        else:
+            at = sympy.Min(sympy.Max(idx[dim] - start, 0), sympy.Max(src.sizes[dim] - 1, 0))
+        local = tuple(idx[:dim]) + (at,) + tuple(idx[dim + 1:])
+        return op("where", inside, cast(src.loader(local), x.dtype), x.loader(idx))
+    return TensorValue(tuple(x.sizes), x.dtype, fn)

@@ -43,6 +43,7 @@ def with_ties_nan_inf(shape, dtype=torch.float32, seed=0):
 MAX_POOL_PARAMS = [  # kernel, stride, padding, dilation, ceil_mode
     (2, None, 0, 1, False), (3, 2, 1, 1, False), (3, 2, 1, 1, True), ((2, 3), (1, 2), (1, 0), (2, 1), True),
     (3, 1, 1, 2, False), ((1, 4), (3, 1), (0, 2), 1, True), (4, 3, 2, 1, True),
+    (5, 2, 2, 1, True), ((5, 4), 3, (2, 1), (1, 2), False),  # windows too big to unroll: reduction loops
 ]
 
 
@@ -82,6 +83,7 @@ def test_relu_max_pool_add_fuses_producer_and_consumer():
 AVG_POOL_PARAMS = [  # kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
     (2, None, 0, False, True, None), (3, 2, 1, False, True, None), (3, 2, 1, True, False, None),
     ((2, 3), (1, 2), (1, 1), True, True, None), (3, 2, 1, True, True, 5), ((3, 1), 2, (1, 0), False, False, 2),
+    (5, 3, 2, True, False, None), ((6, 4), 2, (3, 2), False, True, None),
 ]
 
 
@@ -192,6 +194,9 @@ SCATTERS = {
     "index_put_second_dim": lambda x, s, i, i0: aten.index_put(x, [None, i[0]], s[:, :5], True),
     "index_put_apart": lambda x, s, i, i0: aten.index_put(x[None].expand(2, 4, 6), [i0[0] % 2, None, i[0]],
                                                            s[:, :5].t()),
+    "index_put_mask": lambda x, s, i, i0: x.index_put((x[:, 0] > 0,), s[0]),
+    "index_put_mask_2d_acc": lambda x, s, i, i0: x.index_put((x > 0,), torch.tensor(2).to(x.dtype), accumulate=True),
+    "index_put_mask_second_dim": lambda x, s, i, i0: aten.index_put(x, [None, s[0] > 0], s[:, :1]),
     "index_copy": lambda x, s, i, i0: x.index_copy(1, torch.tensor([0, 3]), s[:, :2]),
     "index_fill": lambda x, s, i, i0: x.index_fill(1, torch.tensor([0, 3]), -1),
 }
@@ -242,3 +247,12 @@ def test_out_of_range_index_raises_like_eager(name, bad):
         fn(x, src, i, i0)
     with pytest.raises((RuntimeError, IndexError)):
         c(x, src, i, i0)
+
+
+@pytest.mark.parametrize("dim, start, end, step", [(1, 1, 5, 2), (0, None, None, 1), (-1, -4, None, 3),
+                                                   (1, 2, 100, 1), (0, 1, 3, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_slice_scatter(dim, start, end, step, dtype):
+    x = torch.randn(5, 7).to(dtype)
+    src = torch.zeros_like(x)[(slice(None),) * (dim % 2) + (slice(start, end, step),)] - 3
+    check(lambda x, s: torch.slice_scatter(x * 2, s + 1, dim, start, end, step), x, src)
