@@ -420,8 +420,9 @@ MAX_ROW_ELEMENTS = 16384
 
 
 def _fits_a_row(kernel, node):
-    return (kernel.role(node) == "inner" and kernel.rnumel != 1 and kernel.rnumel.is_number
-            and int(kernel.rnumel) <= MAX_ROW_ELEMENTS)
+    # a row of symbolic length lives in a per-thread buffer that grows to the longest row seen
+    return (kernel.role(node) == "inner" and kernel.rnumel != 1
+            and (not kernel.rnumel.is_number or int(kernel.rnumel) <= MAX_ROW_ELEMENTS))
 
 
 def _only_read_in_scope(kernel, name):

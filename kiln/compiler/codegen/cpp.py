@@ -39,6 +39,7 @@ PRELUDE = r"""
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 template <typename T> static inline T kiln_max(T a, T b) { return (a != a || a >= b) ? a : b; }
 template <typename T> static inline T kiln_min(T a, T b) { return (a != a || a <= b) ? a : b; }
@@ -430,9 +431,20 @@ class KernelWriter:
             stride *= size
         for n in self.kernel.nodes:
             if self.program.storage[n.name] == "row":
-                body.append("  " * indent + f"{compute_ctype(n.layout.dtype)} row_{n.name}[{int(self.kernel.rnumel)}];")
+                body += self.row_declaration(n, indent)
                 rows[n.name] = f"row_{n.name}[{cindex(flat)}]"
         return rows
+
+    def row_declaration(self, node, indent):
+        ctype, pad, name = compute_ctype(node.layout.dtype), "  " * indent, f"row_{node.name}"
+        if self.kernel.rnumel.is_number:
+            return [f"{pad}{ctype} {name}[{int(self.kernel.rnumel)}];"]
+        # symbolic row length: one buffer per thread, kept between calls and grown when a longer
+        # row comes (no allocation per row, no stack size limit)
+        length = cindex(sympy.expand(self.kernel.rnumel))
+        return [f"{pad}static thread_local std::vector<{ctype}> store_{name};",
+                f"{pad}if ((int64_t)store_{name}.size() < {length}) store_{name}.resize({length});",
+                f"{pad}{ctype}* __restrict__ {name} = store_{name}.data();"]
 
     def outer_loops(self, sizes, body, parallel, simd_innermost):
         lines, ind = [], 2
