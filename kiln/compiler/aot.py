@@ -50,6 +50,9 @@ class AotUnsupported(KilnError):
 DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 # ... and what a C++ kernel raises when it reads a fake tensor's data (tensor_split by a tensor).
 FAKE_DATA_READ = "data is not allocated yet"
+# ... and what functionalization asserts on a mutation it cannot express (zero_ on an expanded view
+# of an intermediate, which eager accepts): such graphs run eagerly
+FUNCTIONALIZE_REFUSED = "DispatchKey::Functionalize"
 
 
 @dataclasses.dataclass
@@ -87,6 +90,8 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
     try:
         traced = _functional_trace(run, decompositions, trace_inputs, state)
     except (*DATA_DEPENDENT, RuntimeError) as e:
+        if FUNCTIONALIZE_REFUSED in str(e):
+            raise AotUnsupported(f"functionalization refused the graph ({str(e).splitlines()[0]})") from e
         if not isinstance(e, DATA_DEPENDENT) and FAKE_DATA_READ not in str(e):
             raise
         raise AotUnsupported(f"the graph depends on tensor values while tracing "
@@ -308,10 +313,24 @@ def _check_mutated_inputs_do_not_overlap(example_inputs, mutated):
     real = [(i, x) for i, x in enumerate(example_inputs)
             if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)]
     for i in mutated:
+        if not isinstance(example_inputs[i], FakeTensor) and _may_overlap_itself(example_inputs[i]):
+            raise AotUnsupported(f"input {i} is mutated and some of its elements share memory")
         ptr = example_inputs[i].untyped_storage().data_ptr()
         for j, x in real:
             if j != i and x.untyped_storage().data_ptr() == ptr:
                 raise AotUnsupported(f"input {i} is mutated and shares memory with input {j}")
+
+
+def _may_overlap_itself(x):
+    """Whether two elements of `x` may share memory (conservative: walks dims by stride)."""
+    if x.numel() <= 1:
+        return False
+    reach = 0  # the furthest offset the smaller-stride dims reach
+    for stride, size in sorted((st, s) for s, st in zip(x.shape, x.stride()) if s != 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
 
 
 def _state_to_attributes(traced, state_placeholders, names, tensors):

@@ -98,7 +98,30 @@ def load(name, index, dtype):
 
 
 def index_expr(expr, dtype=torch.int64):
+    if any(s in _INDIRECT for s in getattr(expr, "free_symbols", ())):
+        return cast(_indirect_value(sympy.expand(expr)), dtype)
     return Expr("index", (expr,), dtype)
+
+
+_INDEX_OPS = ((sympy.Add, "add"), (sympy.Mul, "mul"), (sympy.Min, "minimum"), (sympy.Max, "maximum"),
+              (sympy.Mod, "remainder"))
+
+
+def _indirect_value(e):
+    """An int64 Expr computing index `e` whose indirect symbols are replaced by the Exprs they stand
+    for: an "index" leaf cannot carry them (only loads bind indirect symbols), e.g. cat's bounds
+    test on a position that gather read from a tensor."""
+    if not any(s in _INDIRECT for s in e.free_symbols):
+        return Expr("index", (e,), torch.int64)
+    if e in _INDIRECT:
+        return cast(_INDIRECT[e], torch.int64)
+    for kind, name in _INDEX_OPS:
+        if isinstance(e, kind):
+            out = _indirect_value(e.args[0])
+            for a in e.args[1:]:
+                out = Expr(name, (out, _indirect_value(a)), torch.int64)
+            return out
+    raise NotImplementedError(f"index expression over an indirect index: {e}")
 
 
 def cast(e, dtype):

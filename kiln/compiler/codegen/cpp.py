@@ -148,6 +148,10 @@ template <typename T> static inline T kiln_sigmoid(T x) { return T(1) / (T(1) + 
 
 extern "C" {
 DECLARE_VECTOR_LIBM
+// float -> int casts are xor-ed with this (0, but the compiler cannot know: another library may
+// define it), so gcc cannot turn (float)(int)x into trunc(x), which under -fno-trapping-math it
+// does, and which keeps trunc(-0.25) = -0.0 where the int round trip gives +0.0
+int kiln_opaque_zero = 0;
 }
 
 #pragma omp declare reduction(kiln_maxr : float, double : omp_out = kiln_max(omp_out, omp_in)) \
@@ -306,6 +310,8 @@ class ExprPrinter:
             "logical_xor": "((bool){0} != (bool){1})", "where": "({0} ? {1} : {2})",
             "cast": "static_cast<{t}>({0})",
         }
+        if op == "cast" and ctype not in ("float", "double", "bool") and e.args[0].dtype.is_floating_point:
+            return f"static_cast<{ctype}>(static_cast<{ctype}>({args[0]}) ^ kiln_opaque_zero)"
         if op in simple:
             return simple[op].format(*args, t=ctype)
         if op == "round_to":

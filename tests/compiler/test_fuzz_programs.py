@@ -1,0 +1,891 @@
+"""Differential fuzzing of kiln's compiler: seeded random multi-op programs, eager vs kiln.
+
+`ProgramGen(seed)` writes a random Python function over a vocabulary of torch ops (pointwise with
+broadcasting and scalars, comparisons and where, casts, reductions, softmax/layer_norm, views,
+cat/stack, gathers and indexing, clamp, in-place ops on intermediates and inputs, matmul) with
+random shapes (size-1, size-0, odd, big enough to run in parallel), dtypes and input layouts
+(transposed, stepped, expanded, offset). Each op is run eagerly while the program is written: an
+op eager rejects is dropped, so every program is valid eager code.
+
+Several programs share one compiled function (one C++ build per batch keeps CI fast); each batch
+runs eagerly and through `kiln.compile` on fresh copies of the same inputs, and every output and
+every input's state after the call must match: same dtype and shape, integer/bool values equal,
+float values equal or within a tolerance for the dtype. A failing batch is split to name the
+failing programs by seed (`python -m tests.compiler.test_fuzz_programs SEED` prints, runs and
+minimizes one).
+
+Exactness. A float value is *exact* when any correct evaluation (any summation order, fused or
+not) gives the same bits: inputs lie on a grid of 2**-8 below 2**14, and add/sub/mul/sum keep a
+value exact only while its result stays on that grid (then every partial sum is representable).
+Discontinuous ops (comparisons, casts to integers, floor/round, argmax, floor division,
+remainder, any/all) take exact operands only: on an inexact value a 1-ulp difference, which is
+fine, would flip the result. Exact outputs are compared bit for bit; inexact ones with a
+tolerance. Ops whose eager result is itself ill-defined are not generated (see `EXCLUDED`).
+
+KILN_FUZZ_N sets how many programs run (default 240), KILN_FUZZ_SEED0 the first seed.
+"""
+import copy
+import dataclasses
+import math
+import os
+import random
+import sys
+import warnings
+
+import pytest
+import torch
+
+import kiln
+
+N_PROGRAMS = int(os.environ.get("KILN_FUZZ_N", "240"))
+SEED0 = int(os.environ.get("KILN_FUZZ_SEED0", "0"))
+BATCH = 12
+GRID, BOUND, SUM_BOUND = 2.0 ** -8, 2.0 ** 14, 2.0 ** 15
+INT_BOUND = 2 ** 15       # integer values stay below this: no product or sum of two overflows int32
+MAX_NUMEL = 1 << 17
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-7, 1e-7),
+             torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+
+# Not generated, because eager's own answer is ill-defined (a mismatch would say nothing):
+EXCLUDED = """
+- float -> integer casts of NaN, inf or out-of-range values (C++ undefined behaviour in eager too);
+- integer results at or beyond INT_BOUND (signed overflow is undefined behaviour in C++);
+- prod over more than 16 elements of floats (overflow to inf then inf*0: the order decides NaN vs 0);
+- signbit of NaN (IEEE leaves the sign of a computed NaN unspecified);
+- random ops and ops eager documents as nondeterministic (none are in the vocabulary).
+"""
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int64, torch.int32)
+SIZES = (1, 1, 2, 3, 4, 5, 7, 8, 13, 16, 33)
+GRID_SCALARS = (0.5, -1.25, 2.0, 3, -2, 1, 0, 0.25, -0.5, 4.0)
+OTHER_SCALARS = (0.3, 1e-3, 7.1, -2.7, float("inf"), float("nan"))
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class InputSpec:
+    """One input: its values come from `seed`; `layout` says how it sits in memory."""
+    name: str
+    shape: tuple
+    dtype: torch.dtype
+    layout: str        # contiguous | transposed | stepped | expanded | offset
+    kind: str          # grid | special | index
+    seed: int
+    high: int = 0      # index: values in [low, high)
+    low: int = 0
+    expand_dims: tuple = ()
+    step_dim: int = 0
+
+    def make(self):
+        g = torch.Generator().manual_seed(self.seed)
+        shape = list(self.shape)
+        if self.layout == "transposed":
+            return self.values(shape[::-1], g).permute(*reversed(range(len(shape))))
+        if self.layout == "stepped":
+            d = self.step_dim
+            big = shape[:d] + [shape[d] * 2 + 1] + shape[d + 1:]
+            return self.values(big, g).narrow(d, 1, shape[d] * 2).unflatten(d, (shape[d], 2)).select(d + 1, 0)
+        if self.layout == "expanded":
+            small = [1 if d in self.expand_dims else s for d, s in enumerate(shape)]
+            return self.values(small, g).expand(*shape)
+        if self.layout == "offset":
+            n = math.prod(shape)
+            return self.values([n + 3], g)[3:].view(shape)
+        return self.values(shape, g)
+
+    def values(self, shape, g):
+        if self.kind == "index":
+            return torch.randint(self.low, self.high, shape, generator=g, dtype=torch.int64).to(self.dtype)
+        if self.dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=g).bool()
+        if not self.dtype.is_floating_point:
+            return torch.randint(-8, 9, shape, generator=g).to(self.dtype)
+        x = torch.randint(-16, 17, shape, generator=g).to(torch.float64) / 4
+        if self.kind == "special" and x.numel():
+            pick = torch.randint(0, 8, shape, generator=g)
+            for k, v in enumerate((float("nan"), float("inf"), -float("inf"), -0.0)):
+                x = torch.where(pick == k, torch.tensor(v, dtype=torch.float64), x)
+        return x.to(self.dtype)
+
+
+# ---- programs -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Program:
+    seed: int
+    inputs: list           # InputSpec
+    lines: list            # statements of the body
+    outputs: list          # (name, exact)
+    input_exact: list = dataclasses.field(default_factory=list)  # per input: exact after the call
+
+    def function_source(self, name="fuzz_program"):
+        args = ", ".join(s.name for s in self.inputs)
+        body = [f"    {line}" for line in self.lines] or ["    pass"]
+        outs = "".join(f"{n}, " for n, _ in self.outputs)
+        return f"def {name}({args}):\n" + "\n".join(body) + f"\n    return ({outs})\n"
+
+
+def is_float(t):
+    return t.is_floating_point()
+
+
+def on_grid(t):
+    """Whether the finite values of t are exact in the sense of the module doc."""
+    if not is_float(t) or t.numel() == 0:
+        return True
+    x = t.double()
+    x = x[torch.isfinite(x)]
+    return bool(((x / GRID).frac() == 0).all() and (x.abs() < BOUND).all())
+
+
+def same_values(a, b):
+    if a.shape != b.shape:
+        return False
+    a, b = a.double(), b.double()
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    return bool(((a == b) | both_nan).all())
+
+
+class Reject(Exception):
+    """This op does not fit here: try another."""
+
+
+class ProgramGen:
+    """Writes one random program, running each op eagerly as it goes (see the module doc)."""
+
+    def __init__(self, seed, prefix=""):
+        self.rng = random.Random(seed)
+        self.seed, self.prefix = seed, prefix
+        self.inputs, self.lines = [], []
+        self.env, self.exact, self.names = {}, {}, []
+        self.big = self.rng.random() < 0.15      # sizes that make kernels parallel
+        self.allow_empty = self.rng.random() < 0.06
+        self.half = self.rng.random() < 0.15
+
+    # -- values --
+    def shape(self, ndim=None):
+        r = self.rng
+        ndim = r.choice((0, 1, 1, 2, 2, 2, 3, 3, 4)) if ndim is None else ndim
+        sizes = [r.choice(SIZES) for _ in range(ndim)]
+        if self.big and ndim:
+            sizes[-1] = r.choice((513, 1031, 4099))
+            if ndim > 1:
+                sizes[0] = r.choice((33, 64, 9))
+        while math.prod(sizes) > MAX_NUMEL // 8:
+            sizes[sizes.index(max(sizes))] //= 4
+        if self.allow_empty and ndim and r.random() < 0.5:
+            sizes[r.randrange(ndim)] = 0
+        return tuple(sizes)
+
+    def dtype(self):
+        r = self.rng.random()
+        if self.half and r < 0.35:
+            return self.rng.choice(HALF_DTYPES)
+        if r < 0.55:
+            return torch.float32
+        if r < 0.67:
+            return torch.float64
+        if r < 0.87:
+            return self.rng.choice(INT_DTYPES)
+        return torch.bool
+
+    def new_input(self, shape=None, dtype=None, kind=None, low=0, high=0):
+        r = self.rng
+        shape = self.shape() if shape is None else tuple(shape)
+        dtype = dtype or self.dtype()
+        kind = kind or ("special" if dtype.is_floating_point and r.random() < 0.1 else "grid")
+        layouts = ["contiguous"] * 4 + ["offset"]
+        if len(shape) >= 2:
+            layouts.append("transposed")
+        if shape and max(shape) > 0:
+            layouts += ["stepped"]
+        if any(s > 1 for s in shape) and kind != "index":
+            layouts.append("expanded")
+        spec = InputSpec(f"{self.prefix}a{len(self.inputs)}", shape, dtype, r.choice(layouts), kind,
+                         seed=r.randrange(1 << 30), high=high, low=low)
+        if spec.layout == "stepped":
+            spec.step_dim = r.choice([d for d, s in enumerate(shape) if s > 0])
+        if spec.layout == "expanded":
+            big_dims = [d for d, s in enumerate(shape) if s > 1]
+            spec.expand_dims = tuple(r.sample(big_dims, r.randint(1, len(big_dims))))
+        self.inputs.append(spec)
+        self.env[spec.name] = spec.make()
+        self.exact[spec.name] = True
+        self.names.append(spec.name)
+        return spec.name
+
+    def pick(self, pred=lambda t: True):
+        """A value, recent ones more likely; a new input when none fits."""
+        fits = [n for n in self.names if pred(self.env[n])]
+        if not fits:
+            raise Reject("no operand")
+        weights = [1 + k for k in range(len(fits))]
+        return self.rng.choices(fits, weights)[0]
+
+    def scalar(self, t=None, exact_only=False):
+        r = self.rng
+        if t is not None and t.dtype == torch.bool:
+            return r.choice(("True", "False", "2", "0.5"))
+        if t is not None and not is_float(t) and r.random() < 0.7:
+            return str(r.choice((2, -3, 1, 0, 5)))
+        pool = GRID_SCALARS if exact_only or r.random() < 0.8 else OTHER_SCALARS
+        v = r.choice(pool)
+        return repr(v) if math.isfinite(v) else f"float('{v}')"
+
+    # -- running one statement --
+    def run(self, expr, operands, mode="move", needs_exact=False, inplace=None, check=None):
+        """Run `name = expr` eagerly; keep it if eager accepts it and the checks pass.
+
+        mode: how exactness flows: "move" (exact iff the float operands are), "arith" (and the
+        result is on the grid and equals the float64 computation), "inexact", "cast".
+        """
+        if needs_exact and not all(self.exact[o] for o in operands if is_float(self.env[o])):
+            raise Reject("discontinuous op on an inexact value")
+        name = f"{self.prefix}t{len(self.lines)}"
+        env = copy.deepcopy(self.env) if inplace else self.env
+        scope = {"torch": torch, "F": torch.nn.functional}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = eval(expr, scope, env)
+        except Exception as e:  # eager rejects it: not a program
+            raise Reject(str(e)) from None
+        if not isinstance(result, torch.Tensor) or result.numel() > MAX_NUMEL:
+            raise Reject("not a tensor or too big")
+        if result.dtype.is_complex:
+            raise Reject("complex")
+        if not is_float(result) and result.dtype != torch.bool and result.numel() and \
+                result.abs().max() >= INT_BOUND:
+            raise Reject("integer overflow risk")
+        if check is not None and not check(result, env):
+            raise Reject("check")
+        exact = self.exactness(expr, result, operands, mode, self.env)
+        self.lines.append(f"{name} = {expr}")
+        if inplace:
+            self.env = env
+            target = env[inplace]
+            for n in self.names:  # everything sharing the written memory may now be inexact
+                t = env[n]
+                if t.untyped_storage().data_ptr() == target.untyped_storage().data_ptr():
+                    self.exact[n] = self.exact[n] and exact
+        self.env[name] = result
+        self.exact[name] = exact
+        self.names.append(name)
+        return name
+
+    def exactness(self, expr, result, operands, mode, env):
+        if not is_float(result):
+            return True
+        ops_exact = all(self.exact[o] for o in operands)
+        if mode == "inexact" or not ops_exact:
+            return False
+        if mode == "move":
+            return on_grid(result)
+        if mode == "cast":
+            return same_values(result, env[operands[0]]) and on_grid(result)
+        # arith: the float64 computation agrees and the result is on the grid
+        env64 = {k: (v.to(torch.float64, copy=True) if is_float(v) else v.clone()) for k, v in env.items()}
+        try:
+            r64 = eval(expr, {"torch": torch, "F": torch.nn.functional}, env64)
+        except Exception:
+            return False
+        return on_grid(result) and same_values(result, r64)
+
+    # -- ops --
+    def op_unary(self):
+        r = self.rng
+        x = self.pick()
+        t = self.env[x]
+        kind = r.random()
+        if kind < 0.45:
+            fn = r.choice(("sin", "cos", "tanh", "sigmoid", "atan", "erf", "exp", "expm1", "abs", "neg", "relu",
+                           "square", "F.gelu", "F.silu"))
+            mode = {"abs": "move", "neg": "move", "relu": "move", "square": "arith"}.get(fn, "inexact")
+            if fn in ("exp", "expm1") and not self.exact[x] and is_float(t) and t.numel() and \
+                    t.nan_to_num(0, 0, 0).max() > 80:
+                raise Reject("exp near overflow")
+            call = f"{fn}({x})" if fn.startswith("F.") else (f"{x}.{fn}()" if r.random() < 0.3 else f"torch.{fn}({x})")
+            return self.run(call, [x], mode)
+        if kind < 0.7:
+            fn = r.choice(("log", "sqrt", "rsqrt", "reciprocal", "log1p", "asin", "acos", "atanh", "tan", "log2"))
+            margin_ok = fn in ("log", "sqrt", "rsqrt", "reciprocal", "log2") and is_float(t) and (
+                t.numel() == 0 or t.abs().nan_to_num(1, 1, 1).min() >= 0.05)
+            return self.run(f"torch.{fn}({x})", [x], "inexact", needs_exact=not margin_ok)
+        fn = r.choice(("floor", "ceil", "round", "trunc", "sign", "isnan", "isinf", "isfinite", "logical_not",
+                       "bitwise_not", "frac", "signbit"))
+        if fn == "signbit" and is_float(t) and bool(t.isnan().any()):
+            raise Reject("the sign bit of a NaN (EXCLUDED)")
+        return self.run(f"torch.{fn}({x})", [x], "move", needs_exact=True)
+
+    def broadcastable_partner(self, t):
+        """An existing value broadcastable with t, or a new input of a broadcastable shape."""
+        r = self.rng
+        fits = [n for n in self.names if _broadcasts(self.env[n].shape, t.shape)]
+        if fits and r.random() < 0.6:
+            return r.choice(fits)
+        shape = list(t.shape)
+        shape = [1 if (s > 1 and r.random() < 0.3) else s for s in shape]
+        if shape and r.random() < 0.3:
+            shape = shape[r.randint(1, len(shape)):]
+        return self.new_input(shape, self.dtype() if r.random() < 0.4 else t.dtype)
+
+    def op_binary(self):
+        r = self.rng
+        x = self.pick()
+        t = self.env[x]
+        y = self.broadcastable_partner(t) if r.random() < 0.7 else None
+        other = y if y is not None else self.scalar(t)
+        operands = [x] + ([y] if y else [])
+        if r.random() < 0.5 and y is None and r.random() < 0.5:
+            x, other = other, x  # scalar on the left
+        kind = r.random()
+        if kind < 0.5:
+            sym, mode = r.choice((("+", "arith"), ("-", "arith"), ("*", "arith"), ("/", "inexact")))
+            if sym == "/" and not all(self.exact[o] for o in operands):
+                den = self.env[other] if y else None
+                if den is not None and (den.numel() == 0 or den.abs().nan_to_num(1, 1, 1).min() < 0.05):
+                    raise Reject("division by an inexact value near 0")
+            return self.run(f"{x} {sym} {other}", operands, mode)
+        if kind < 0.65:
+            fn, mode = r.choice((("torch.maximum", "move"), ("torch.minimum", "move"), ("torch.fmax", "move"),
+                                 ("torch.add", "arith"), ("torch.sub", "arith"), ("torch.atan2", "inexact")))
+            if fn in ("torch.maximum", "torch.minimum", "torch.fmax", "torch.atan2") and y is None:
+                other = f"torch.tensor({self.scalar(exact_only=True)})"
+            extra = f", alpha={r.choice((2, -1, 0.5))}" if fn in ("torch.add", "torch.sub") and r.random() < 0.4 \
+                and is_float(t) else ""
+            needs = fn == "torch.atan2"
+            return self.run(f"{fn}({x}, {other}{extra})", operands, mode, needs_exact=needs)
+        if kind < 0.85:
+            sym = r.choice(("//", "%", "torch.fmod", "torch.remainder", "div_trunc", "div_floor", "**"))
+            if sym in ("//", "%"):
+                expr = f"{x} {sym} {other}"
+            elif sym == "**":
+                expo = r.choice(("2", "3", "0.5", "-1", "-2", "1.5")) if r.random() < 0.8 else other
+                expr = f"{x} ** {expo}"
+                return self.run(expr, operands, "inexact", needs_exact=expo not in ("2", "3"))
+            elif sym.startswith("div_"):
+                expr = f"torch.div({x}, {other}, rounding_mode='{sym[4:]}')"
+            else:
+                expr = f"{sym}({x}, {other})"
+            return self.run(expr, operands, "move", needs_exact=True)
+        sym = r.choice(("==", "!=", "<", "<=", ">", ">=", "&", "|", "^", "torch.logical_and", "torch.logical_or",
+                        "torch.logical_xor"))
+        expr = f"{sym}({x}, {other})" if sym.startswith("torch") else f"({x} {sym} {other})"
+        return self.run(expr, operands, "move", needs_exact=True)
+
+    def op_where(self):
+        r = self.rng
+        x = self.pick()
+        t = self.env[x]
+        bools = [n for n in self.names if self.env[n].dtype == torch.bool and _broadcasts(self.env[n].shape, t.shape)]
+        if bools and r.random() < 0.5:
+            cond, operands = r.choice(bools), [x]
+        else:
+            c = self.pick(lambda u: _broadcasts(u.shape, t.shape) and u.dtype != torch.bool)
+            if not self.exact[c]:
+                raise Reject("condition on an inexact value")
+            cond, operands = f"({c} > {self.scalar(self.env[c], exact_only=True)})", [x, c]
+        if r.random() < 0.5:
+            y = self.broadcastable_partner(t)
+            operands.append(y)
+        else:
+            y = self.scalar(t, exact_only=r.random() < 0.7)
+        args = (x, y) if r.random() < 0.5 else (y, x)
+        return self.run(f"torch.where({cond}, {args[0]}, {args[1]})", operands, "move")
+
+    def op_cast(self):
+        r = self.rng
+        x = self.pick()
+        t = self.env[x]
+        dtypes = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool] + list(HALF_DTYPES) * self.half
+        dtype = r.choice(dtypes)
+        if is_float(t) and not dtype.is_floating_point:
+            finite = t.numel() == 0 or bool(torch.isfinite(t).all() and t.abs().max() < INT_BOUND)
+            if dtype != torch.bool and not finite:
+                raise Reject("float -> int cast of NaN/inf/out of range is undefined (EXCLUDED)")
+            if not self.exact[x]:
+                raise Reject("discontinuous cast of an inexact value")
+        form = r.random()
+        name = str(dtype).removeprefix("torch.")
+        short = {"float32": "float", "float64": "double", "int64": "long", "int32": "int", "bool": "bool",
+                 "float16": "half", "bfloat16": "bfloat16"}[name]
+        expr = f"{x}.{short}()" if form < 0.4 else f"{x}.to(torch.{name})"
+        return self.run(expr, [x], "cast")
+
+    def op_reduce(self):
+        r = self.rng
+        x = self.pick(lambda u: u.ndim > 0)
+        t = self.env[x]
+        fn = r.choice(("sum", "sum", "mean", "amax", "amin", "argmax", "argmin", "prod", "var", "std", "any", "all",
+                       "max_dim", "min_dim", "logsumexp", "max_all"))
+        dims = r.sample(range(t.ndim), r.randint(1, t.ndim))
+        dims = [d - t.ndim if r.random() < 0.3 else d for d in dims]
+        keep = r.random() < 0.4
+        one = dims[0]
+        mode, needs, check = "inexact", False, None
+        if fn in ("sum", "amax", "amin", "any", "all", "mean", "var", "std", "logsumexp"):
+            dim_arg = f"{tuple(dims)}" if len(dims) > 1 or r.random() < 0.5 else str(one)
+            if fn in ("amax", "amin") or r.random() < 0.8:
+                expr = f"torch.{fn}({x}, {dim_arg}, keepdim={keep})"
+            else:
+                expr = f"{x}.{fn}()"
+            if fn in ("var", "std") and r.random() < 0.5:
+                expr = expr.replace("keepdim", f"correction={r.choice((0, 1))}, keepdim")
+            mode = {"sum": "arith", "amax": "move", "amin": "move"}.get(fn, "inexact")
+            needs = fn in ("any", "all")
+            if fn == "sum" and is_float(t) and t.numel() and t.abs().nan_to_num(0, 0, 0).sum() >= SUM_BOUND:
+                mode = "inexact"
+        elif fn in ("argmax", "argmin"):
+            expr = f"torch.{fn}({x}, {one}, keepdim={keep})" if r.random() < 0.8 else f"torch.{fn}({x})"
+            needs = True
+        elif fn == "prod":
+            expr = f"torch.prod({x}, {one}, keepdim={keep})" if r.random() < 0.8 else f"torch.prod({x})"
+            extent = t.shape[one] if "keepdim" in expr else t.numel()
+            if is_float(t) and extent > 16:
+                raise Reject("long float prod (EXCLUDED)")
+            mode = "arith"
+        elif fn in ("max_dim", "min_dim"):
+            which = r.choice((0, 1))
+            expr = f"torch.{fn[:3]}({x}, {one}, keepdim={keep})[{which}]"
+            mode, needs = "move", which == 1
+        else:
+            expr = f"{x}.max()" if r.random() < 0.5 else f"{x}.min()"
+            mode = "move"
+        return self.run(expr, [x], mode, needs_exact=needs, check=check)
+
+    def op_norm(self):
+        r = self.rng
+        x = self.pick(lambda u: u.ndim > 0 and is_float(u))
+        t = self.env[x]
+        fn = r.choice(("softmax", "log_softmax", "layer_norm"))
+        if fn != "layer_norm":
+            dim = r.randrange(-t.ndim, t.ndim)
+            form = r.random()
+            if form < 0.4:
+                return self.run(f"torch.{fn}({x}, {dim})", [x], "inexact")
+            if form < 0.8:
+                return self.run(f"F.{fn}({x}, dim={dim})", [x], "inexact")
+            return self.run(f"{x}.{fn}({dim}, dtype=torch.float64)", [x], "inexact")
+        k = r.randint(1, t.ndim)
+        shape = tuple(t.shape[t.ndim - k:])
+        args = [x, str(shape)]
+        operands = [x]
+        if r.random() < 0.6:
+            w = self.new_input(shape, t.dtype)
+            b = self.new_input(shape, t.dtype) if r.random() < 0.7 else "None"
+            args += [w, b]
+            operands += [w] + ([b] if b != "None" else [])
+        return self.run(f"F.layer_norm({', '.join(args)})", operands, "inexact")
+
+    def op_view(self):
+        r = self.rng
+        x = self.pick()
+        t = self.env[x]
+        n = t.ndim
+        kind = r.choice(("reshape", "view", "permute", "transpose", "t", "slice", "select", "narrow", "unsqueeze",
+                         "squeeze", "flatten", "expand", "movedim", "contiguous", "flip", "chunk", "unbind",
+                         "diagonal", "mT", "getitem", "unflatten"))
+        if kind in ("reshape", "view"):
+            expr = f"{x}.{kind}({_factor(r, t.numel(), t.shape)})"
+        elif kind == "permute" and n:
+            expr = f"{x}.permute({', '.join(map(str, r.sample(range(n), n)))})"
+        elif kind == "transpose" and n:
+            expr = f"{x}.transpose({r.randrange(-n, n)}, {r.randrange(n)})"
+        elif kind == "t" and n <= 2:
+            expr = f"{x}.t()"
+        elif kind == "mT" and n >= 2:
+            expr = f"{x}.mT"
+        elif kind == "slice" and n:
+            d = r.randrange(n)
+            size = t.shape[d]
+            start, stop, step = r.randint(-size, size) if r.random() < 0.5 else "", r.choice(("", size, -1, 2)), \
+                r.choice((1, 1, 2, 3))
+            expr = f"{x}[{':, ' * d}{start}:{stop}:{step}]"
+        elif kind in ("select", "unbind") and n:
+            d = r.randrange(n)
+            if t.shape[d] == 0:
+                raise Reject("select in an empty dim")
+            i = r.randrange(-t.shape[d], t.shape[d])
+            expr = f"{x}.select({d}, {i})" if kind == "select" else f"{x}.unbind({d})[{i}]"
+        elif kind == "narrow" and n:
+            d = r.randrange(n)
+            start = r.randint(0, t.shape[d])
+            expr = f"{x}.narrow({d}, {start}, {r.randint(0, t.shape[d] - start)})"
+        elif kind == "unsqueeze":
+            expr = f"{x}.unsqueeze({r.randint(-n - 1, n)})"
+        elif kind == "squeeze":
+            ones = [d for d in range(n) if t.shape[d] == 1]
+            expr = f"{x}.squeeze({r.choice(ones)})" if ones and r.random() < 0.6 else f"{x}.squeeze()"
+        elif kind == "flatten":
+            expr = f"{x}.flatten()" if r.random() < 0.4 or n < 2 else f"{x}.flatten({r.randrange(n - 1)}, {n - 1})"
+        elif kind == "expand":
+            shape = [r.choice((s, 3, 5)) if s == 1 else s for s in t.shape]
+            if r.random() < 0.4:
+                shape = [r.choice((2, 3))] + shape
+            if list(shape) == list(t.shape) and r.random() < 0.5:
+                shape = [2] + shape
+            expr = f"{x}.expand({', '.join(map(str, shape)) or '()'})"
+        elif kind == "movedim" and n:
+            expr = f"{x}.movedim({r.randrange(n)}, {r.randrange(n)})"
+        elif kind == "contiguous":
+            expr = f"{x}.contiguous()"
+        elif kind == "flip" and n:
+            expr = f"{x}.flip({r.randrange(n)})"
+        elif kind == "chunk" and n:
+            d = r.randrange(n)
+            expr = f"{x}.chunk({r.choice((2, 3))}, {d})[{r.choice((0, -1))}]"
+        elif kind == "diagonal" and n >= 2:
+            expr = f"{x}.diagonal({r.choice((0, 1, -1))})"
+        elif kind == "getitem" and n:
+            expr = f"{x}[{r.choice(('None', '...', '0', '-1', '1:', '::2', '..., None', ':, None'))}]"
+        elif kind == "unflatten" and n:
+            d = r.randrange(n)
+            size = t.shape[d]
+            a = r.choice([k for k in range(1, max(size, 1) + 1) if size % k == 0] or [1])
+            expr = f"{x}.unflatten({d}, ({a}, -1))"
+        else:
+            raise Reject("view does not apply")
+        return self.run(expr, [x], "move")
+
+    def op_cat(self):
+        r = self.rng
+        x = self.pick(lambda u: u.ndim > 0)
+        t = self.env[x]
+        stack = r.random() < 0.3
+        d = r.randrange(t.ndim + stack)
+        parts = [x]
+        for _ in range(r.choice((1, 1, 2))):
+            if stack:
+                fits = [n for n in self.names if self.env[n].shape == t.shape]
+            else:
+                fits = [n for n in self.names if self.env[n].ndim == t.ndim and all(
+                    a == b for k, (a, b) in enumerate(zip(self.env[n].shape, t.shape)) if k != d)]
+            if fits and r.random() < 0.7:
+                parts.append(r.choice(fits))
+            else:
+                shape = list(t.shape)
+                if not stack:
+                    shape[d] = r.choice((0, 1, 2, 5))
+                parts.append(self.new_input(shape, t.dtype if r.random() < 0.7 else self.dtype()))
+        fn = "stack" if stack else "cat"
+        return self.run(f"torch.{fn}([{', '.join(parts)}], {d})", parts, "move")
+
+    def op_gather(self):
+        r = self.rng
+        x = self.pick(lambda u: u.ndim > 0 and u.numel() > 0)
+        t = self.env[x]
+        d = r.randrange(t.ndim)
+        size = t.shape[d]
+        kind = r.choice(("index_select", "gather", "getitem", "take_along"))
+        if kind == "index_select":
+            idx = self.new_input((r.choice((1, 3, 7, 0)),), torch.int64, kind="index", high=size)
+            return self.run(f"torch.index_select({x}, {d}, {idx})", [x], "move")
+        if kind in ("gather", "take_along"):
+            shape = [r.randint(1, s) if s else 0 for s in t.shape]
+            shape[d] = r.choice((1, 2, 5))
+            idx = self.new_input(shape, torch.int64, kind="index", high=size)
+            if kind == "gather":
+                return self.run(f"torch.gather({x}, {d}, {idx})", [x], "move")
+            return self.run(f"torch.take_along_dim({x}, {idx}, {d})", [x], "move")
+        shape = r.choice(((4,), (2, 3), ()))
+        idx = self.new_input(shape, r.choice(INT_DTYPES), kind="index", low=-size, high=size)
+        return self.run(f"{x}[{':, ' * d}{idx}]", [x], "move")
+
+    def op_clamp(self):
+        r = self.rng
+        x = self.pick(lambda u: u.dtype != torch.bool)
+        t = self.env[x]
+        lo, hi = sorted(r.sample(GRID_SCALARS, 2))
+        form = r.random()
+        if form < 0.3:
+            return self.run(f"torch.clamp({x}, {lo}, {hi})", [x], "move")
+        if form < 0.5:
+            return self.run(f"{x}.clamp(min={lo})", [x], "move")
+        if form < 0.65:
+            return self.run(f"{x}.clamp(max={hi})", [x], "move")
+        if form < 0.8:
+            return self.run(f"F.hardtanh({x})", [x], "move")
+        b = self.broadcastable_partner(t)
+        return self.run(f"torch.clamp({x}, min={b})", [x, b], "move")
+
+    def op_inplace(self):
+        r = self.rng
+        target = self.pick()
+        t = self.env[target]
+        kind = r.choice(("add_", "mul_", "sub_", "clamp_", "relu_", "neg_", "copy_", "fill_", "zero_", "setitem",
+                         "iadd_slice", "masked_fill_", "div_", "abs_", "sigmoid_"))
+        operands = [target]
+        mode = "move"
+        if kind in ("add_", "mul_", "sub_", "div_", "copy_"):
+            if r.random() < 0.6:
+                y = self.broadcastable_partner(t)
+                operands.append(y)
+            else:
+                y = self.scalar(t)
+            if kind == "copy_" and y not in self.names:
+                raise Reject("copy_ of a scalar")
+            mode = "inexact" if kind == "div_" else "arith" if kind != "copy_" else "move"
+            stmt = f"{target}.{kind}({y})"
+        elif kind == "clamp_":
+            stmt = f"{target}.clamp_(min={r.choice(GRID_SCALARS)})"
+        elif kind in ("relu_", "neg_", "zero_", "abs_", "sigmoid_"):
+            stmt = f"{target}.{kind}()"
+            mode = "inexact" if kind == "sigmoid_" else "move"
+        elif kind == "fill_":
+            stmt = f"{target}.fill_({self.scalar(t, exact_only=True)})"
+        elif kind == "masked_fill_":
+            m = self.pick(lambda u: u.dtype == torch.bool and _broadcasts(u.shape, t.shape))
+            operands.append(m)
+            stmt = f"{target}.masked_fill_({m}, {self.scalar(t, exact_only=True)})"
+        elif kind == "setitem" and t.ndim:
+            if t.shape[0] == 0:
+                raise Reject("setitem into an empty dim")
+            return self._statement(f"{target}[{r.randrange(t.shape[0])}] = {self.scalar(t, exact_only=True)}",
+                                   target, operands)
+        elif kind == "iadd_slice" and t.ndim:
+            return self._statement(f"{target}[..., ::2] += {self.scalar(t, exact_only=True)}", target, operands)
+        else:
+            raise Reject("in-place op does not apply")
+        return self.run(stmt, operands, mode, inplace=target)
+
+    def _statement(self, stmt, target, operands):
+        """An assignment statement (x[i] = v): run it, then name the target's new value."""
+        env = copy.deepcopy(self.env)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                exec(stmt, {"torch": torch, "F": torch.nn.functional}, env)
+        except Exception as e:
+            raise Reject(str(e)) from None
+        if not is_float(env[target]) and env[target].dtype != torch.bool and env[target].numel() and \
+                env[target].abs().max() >= INT_BOUND:
+            raise Reject("integer overflow risk")
+        self.lines.append(stmt)
+        self.env = env
+        ptr = env[target].untyped_storage().data_ptr()
+        for n in self.names:
+            if env[n].untyped_storage().data_ptr() == ptr:
+                self.exact[n] = self.exact[n] and on_grid(env[n])
+        return target
+
+    def op_matmul(self):
+        r = self.rng
+        x = self.pick(lambda u: u.ndim in (1, 2, 3) and u.dtype in (torch.float32, torch.float64))
+        t = self.env[x]
+        k = t.shape[-1]
+        if t.ndim == 3:
+            shape = (t.shape[0], k, r.choice((1, 3, 7)))
+        else:
+            shape = (k,) if r.random() < 0.3 else (k, r.choice((1, 3, 7, 16)))
+        y = self.new_input(shape, t.dtype)
+        fn = r.choice(("@", "torch.matmul", "mm"))
+        if fn == "mm" and t.ndim == 2 and len(shape) == 2:
+            expr = f"torch.mm({x}, {y})"
+        elif fn == "@":
+            expr = f"{x} @ {y}"
+        else:
+            expr = f"torch.matmul({x}, {y})"
+
+        def exact_products(result, env):
+            return True
+        name = self.run(expr, [x, y], "inexact", check=exact_products)
+        a, b = self.env[x], self.env[y]
+        if self.exact[x] and torch.isfinite(a).all() and (a == a.round()).all() and (b == b.round()).all() and \
+                (a.abs().double() @ b.abs().double()).max(initial=0) < 2 ** 20 if a.numel() and b.numel() else False:
+            self.exact[name] = True
+        return name
+
+    OPS = (("op_unary", 5), ("op_binary", 7), ("op_where", 2), ("op_cast", 2), ("op_reduce", 4), ("op_norm", 1),
+           ("op_view", 5), ("op_cat", 1), ("op_gather", 1), ("op_clamp", 1), ("op_inplace", 2), ("op_matmul", 1))
+
+    def generate(self):
+        r = self.rng
+        for _ in range(r.choice((1, 1, 2, 3))):
+            self.new_input()
+        target = r.randint(3, 10)
+        attempts = 0
+        while len(self.lines) < target and attempts < 200:
+            attempts += 1
+            names, weights = zip(*self.OPS)
+            method = r.choices(names, weights)[0]
+            try:
+                getattr(self, method)()
+            except Reject:
+                continue
+        temps = [n for n in self.names if n.startswith(f"{self.prefix}t")]
+        outs = temps[-1:] + r.sample(temps[:-1], min(len(temps) - 1, r.choice((0, 0, 1, 2))))
+        if not outs:
+            outs = [self.names[-1]]
+        return Program(self.seed, self.inputs, self.lines, [(n, self.exact[n]) for n in outs],
+                       [self.exact[s.name] for s in self.inputs])
+
+
+def _broadcasts(a, b):
+    """Whether shape a broadcasts to shape b (b's shape unchanged)."""
+    if len(a) > len(b):
+        return False
+    return all(x == y or x == 1 for x, y in zip(reversed(a), reversed(b)))
+
+
+def _factor(r, numel, shape):
+    """A random shape with `numel` elements (sometimes with -1)."""
+    if numel == 0:
+        return "(0, -1)" if r.random() < 0.5 else "(-1,)"
+    dims, left = [], numel
+    for p in (2, 3, 5, 7, 11, 13):
+        while left % p == 0 and r.random() < 0.6:
+            dims.append(p)
+            left //= p
+    dims.append(left)
+    r.shuffle(dims)
+    merged = []
+    for d in dims:
+        if merged and r.random() < 0.4:
+            merged[-1] *= d
+        else:
+            merged.append(d)
+    if r.random() < 0.3:
+        merged.insert(r.randrange(len(merged) + 1), 1)
+    if r.random() < 0.3:
+        merged[r.randrange(len(merged))] = -1
+    return f"({', '.join(map(str, merged))},)"
+
+
+def program(seed, prefix=""):
+    return ProgramGen(seed, prefix).generate()
+
+
+# ---- running and comparing ----------------------------------------------------------------------
+
+def batch_function(programs):
+    """One function running every program's body; returns all outputs, flat."""
+    args = [s.name for p in programs for s in p.inputs]
+    body = [f"    {line}" for p in programs for line in p.lines] or ["    pass"]
+    outs = [n for p in programs for n, _ in p.outputs]
+    src = f"def fuzz_batch({', '.join(args)}):\n" + "\n".join(body) + \
+        f"\n    return ({''.join(o + ', ' for o in outs)})\n"
+    scope = {"torch": torch, "F": torch.nn.functional}
+    exec(compile(src, f"<fuzz batch {programs[0].seed}>", "exec"), scope)
+    return scope["fuzz_batch"], src
+
+
+def batch_options(seed):
+    """Compiler options for a batch: some batches make every kernel parallel."""
+    r = random.Random(seed * 7919 + 1)
+    options = {"debug": True}
+    if r.random() < 0.3:
+        options["cpp.min_parallel_work"] = 1
+        options["cpp.threads"] = 2
+    return options
+
+
+def check_programs(programs, options):
+    """Run `programs` eagerly and compiled; raise AssertionError naming what differs."""
+    fn, src = batch_function(programs)
+    specs = [s for p in programs for s in p.inputs]
+    eager_in = [s.make() for s in specs]
+    kiln_in = [s.make() for s in specs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = fn(*eager_in)
+        kiln.reset()
+        try:
+            actual = kiln.compile(fn, options=options)(*kiln_in)
+        except Exception as e:
+            raise AssertionError(f"kiln raised {type(e).__name__}: {e}\n{src}") from e
+    exact = [e for p in programs for _, e in p.outputs]
+    names = [n for p in programs for n, _ in p.outputs]
+    for name, a, b, ex in zip(names, actual, expected, exact):
+        assert_same(a, b, ex, f"output {name}", src)
+    input_exact = [e for p in programs for e in p.input_exact]
+    for spec, a, b, ex in zip(specs, kiln_in, eager_in, input_exact):
+        assert_same(a, b, ex, f"input {spec.name} after the call", src)
+
+
+def assert_same(actual, expected, exact, what, src):
+    assert isinstance(actual, torch.Tensor), f"{what}: not a tensor\n{src}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}\n{src}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}\n{src}"
+    rtol, atol = (0, 0) if exact or not expected.is_floating_point() else TOLERANCE[expected.dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True,
+                               msg=lambda m: f"{what} ({'exact' if exact else 'tolerance'}): {m}\n{src}")
+
+
+def failing_programs(programs, options):
+    """The programs of a failing batch that fail on their own: [(program, message)]."""
+    out = []
+    for p in programs:
+        try:
+            check_programs([p], options)
+        except AssertionError as e:
+            out.append((p, str(e)))
+    return out
+
+
+BATCHES = [list(range(SEED0 + k, min(SEED0 + k + BATCH, SEED0 + N_PROGRAMS)))
+           for k in range(0, N_PROGRAMS, BATCH)]
+
+
+@pytest.mark.parametrize("seeds", BATCHES, ids=lambda s: f"seeds{s[0]}-{s[-1]}")
+def test_random_programs_match_eager(seeds):
+    programs = [program(s, prefix=f"p{s}_") for s in seeds]
+    options = batch_options(seeds[0])
+    try:
+        check_programs(programs, options)
+    except AssertionError as batch_error:
+        alone = failing_programs(programs, options)
+        if not alone:
+            raise
+        pytest.fail("\n\n".join(f"seed {p.seed} ({options}):\n{msg}" for p, msg in alone[:3]))
+
+
+# ---- minimizing (python -m tests.compiler.test_fuzz_programs SEED [options as key=value]) -------
+
+def minimize(p, options):
+    """Drop statements and outputs while the program still fails (greedy, to a fixpoint)."""
+    def fails(candidate):
+        fn, _ = batch_function([candidate])
+        try:
+            fn(*[s.make() for s in candidate.inputs])
+        except Exception:
+            return False  # no longer valid eager code
+        try:
+            check_programs([candidate], options)
+        except AssertionError:
+            return True
+        return False
+    changed = True
+    while changed:
+        changed = False
+        for k in range(len(p.outputs)):
+            if len(p.outputs) > 1:
+                c = dataclasses.replace(p, outputs=p.outputs[:k] + p.outputs[k + 1:])
+                if fails(c):
+                    p, changed = c, True
+                    break
+        for k in reversed(range(len(p.lines))):
+            c = dataclasses.replace(p, lines=p.lines[:k] + p.lines[k + 1:])
+            if fails(c):
+                p, changed = c, True
+                break
+    return p
+
+
+if __name__ == "__main__":
+    seed = int(sys.argv[1])
+    opts = batch_options(seed)
+    for kv in sys.argv[2:]:
+        k, v = kv.split("=")
+        opts[k] = eval(v)
+    prog = program(seed)
+    print(prog.function_source(), [str(s) for s in prog.inputs], prog.outputs, opts, sep="\n")
+    try:
+        check_programs([prog], opts)
+        print("passes")
+    except AssertionError as e:
+        print("FAILS:", str(e)[:3000])
+        small = minimize(prog, opts)
+        print("minimized:\n" + small.function_source(), *small.inputs, small.outputs, sep="\n")

@@ -1,0 +1,81 @@
+"""Minimized programs the random-program fuzzer (test_fuzz_programs.py) found kiln's compiler
+getting wrong, one test each, named for the bug. Each runs eagerly and through `kiln.compile` on
+fresh copies of the same inputs (same layouts) and compares outputs and inputs after the call."""
+import torch
+import torch.nn.functional as F  # noqa: F401 - programs below may use it
+
+import kiln
+
+
+def check(fn, make_inputs, exact=True, **options):
+    """fn compiled vs eager; `make_inputs()` returns fresh inputs each call (they may be mutated)."""
+    eager_in, kiln_in = make_inputs(), make_inputs()
+    expected = fn(*eager_in)
+    kiln.reset()
+    actual = kiln.compile(fn, options={"debug": True, **options})(*kiln_in)
+    tol = {"rtol": 0, "atol": 0} if exact else {}
+    torch.testing.assert_close(actual, expected, equal_nan=True, **tol)
+    torch.testing.assert_close(kiln_in, eager_in, equal_nan=True, **tol)
+    return actual, expected
+
+
+def grid(*shape, dtype=torch.float32, seed=0):
+    """Values on a quarter grid in [-4, 4]: exact under any evaluation order."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(-16, 17, shape, generator=g) / 4).to(dtype)
+
+
+def test_fill_of_an_expanded_input_is_written_back_as_eager():
+    # eager's fill_ accepts an input whose elements share memory; the element-wise write-back
+    # of the functional graph cannot (copy_ refuses): such graphs run eagerly
+    def fn(a):
+        a[:, :2].fill_(1)
+        return a * 2
+    check(fn, lambda: (torch.arange(3).view(1, 3).expand(16, 3),))
+
+
+def test_zero_of_an_expanded_view_of_an_intermediate():
+    # functionalization asserts on this mutation (eager accepts it): the graph runs eagerly
+    def fn(a):
+        t1 = torch.amax(a, (0,), keepdim=True)
+        t1.expand(3, 3).zero_()
+        return t1
+    check(fn, lambda: (torch.randint(-8, 9, (513,), dtype=torch.int32, generator=torch.Generator().manual_seed(0)),))
+
+
+def test_cat_bounds_test_at_a_gathered_position():
+    # cat's "which part" test is an index expression over the position gather read from a
+    # tensor; index leaves could not carry that indirect index (C++ named an undeclared ind*)
+    def fn(a, idx):
+        t = torch.cat([a, a], 0).diagonal(-1)
+        return torch.gather(t, 0, idx)
+    check(fn, lambda: (grid(7, 1), torch.tensor([0, 0, 0])))
+
+
+def test_view_of_a_mutated_strided_input_aliases_the_input():
+    # the output is a view of the input's new value: its strides were taken from the functional
+    # value's (contiguous) layout instead of the input's own
+    def make():
+        return (torch.arange(-6, 20).view(2, 13)[:, 1:13].unflatten(1, (6, 2)).select(2, 0),)
+
+    def fn(a):
+        return a.relu_().unbind(1)[4]
+    actual, _ = check(fn, make)
+    a = make()[0]
+    out = kiln.compile(fn)(a)
+    assert out.data_ptr() == a[:, 4].data_ptr() and out.stride() == a[:, 4].stride()
+
+
+def test_flatten_of_a_mutated_strided_input_is_a_copy():
+    # eager's flatten of the non-contiguous input copies; the functional graph saw a view
+    def fn(a):
+        return a.relu_().flatten()
+    check(fn, lambda: (torch.arange(-6, 20).view(2, 13)[:, 1:13:2],))
+
+
+def test_float_int_float_round_trip_keeps_positive_zero():
+    # gcc (-fno-trapping-math) turned (float)(int)x into trunc(x): -0.0 for x = -0.25, and
+    # atan2(-0.0, negative) is -pi where eager's +0.0 gives pi
+    def fn(a):
+        return torch.atan2(a.to(torch.int32), torch.clamp(a, -1.25, 1))
+    check(fn, lambda: (torch.tensor([-0.25, 0.5, -1.0, 0.25, -0.75]),))
