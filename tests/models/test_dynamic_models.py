@@ -18,10 +18,12 @@ class CountingBackend(CompileCounter):
     def __init__(self, inner):
         super().__init__()
         self.inner = inner
+        self.compiled = []
 
     def __call__(self, gm, example_inputs):
         super().__call__(gm, example_inputs)
-        return self.inner(gm, example_inputs)
+        self.compiled.append(self.inner(gm, example_inputs))
+        return self.compiled[-1]
 
 
 def counting(backend):
@@ -56,6 +58,9 @@ def gpt2_inputs(length):
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+PEER = os.environ.get("KILN_TEST_PEER") == "torch"
+
+
 def first(out):
     return out if isinstance(out, torch.Tensor) else out[0]
 
@@ -75,11 +80,26 @@ def run_lengths(build, inputs, backend):
         for length in LENGTHS:
             kwargs = inputs(length)
             torch.testing.assert_close(first(compiled(**kwargs)), first(model(**kwargs)), rtol=1e-4, atol=1e-5)
+    for graph in getattr(counter, "compiled", ()):  # kiln's compiler compiled the symbolic graph too
+        assert "<whole graph>" not in graph.kiln_fallbacks
     return counter.frame_count
 
 
 @pytest.mark.parametrize("build, inputs, backend", CASES)
 def test_ten_sequence_lengths_equal_eager_in_at_most_two_compiles(build, inputs, backend):
     assert run_lengths(build, inputs, backend) <= 2
+
+
+@pytest.mark.skipif(PEER, reason="inspects kiln's compiled graphs")
+def test_mlp_symbolic_graph_runs_fused_kernels():
+    """The recompile at the second length is symbolic, and still one GELU+LayerNorm kernel."""
+    counter = counting("inductor")
+    compiled = kiln.compile(mlp(), backend=counter)
+    with torch.no_grad():
+        for length in LENGTHS[:4]:
+            compiled(**mlp_inputs(length))
+    symbolic = counter.compiled[-1]
+    assert counter.frame_count == 2 and "const int64_t s" in symbolic.kiln_source
+    assert len(symbolic.kiln_kernels) == len(counter.compiled[0].kiln_kernels)
 
 
