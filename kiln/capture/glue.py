@@ -78,7 +78,7 @@ class Glue:
             return f"__o[{self._out_index[id(var)]}]"
         if isinstance(var, ObjectVariable):
             return var.source.expr(self.ctx) if var.source is not None else self.const(var.value, "OBJ")
-        if isinstance(var, (ListVariable, DictVariable)) and var.source is not None:
+        if isinstance(var, (ListVariable, DictVariable, SetVariable)) and var.source is not None:
             return var.source.expr(self.ctx)
         if isinstance(var, ListVariable):
             body = "[" + ", ".join(self.value(i) for i in var.items) + "]"
@@ -145,6 +145,9 @@ class Glue:
             target = container.source.expr(self.ctx)
             if isinstance(container, ListVariable):
                 todo.append((f"{target}[:] = {{}}", ListVariable(container.items)))
+            elif isinstance(container, SetVariable):  # in place, so the set keeps its own table
+                todo.append((f"__s = {target}; __n = {{}}; __s -= __s - __n; __s |= __n",
+                             SetVariable(container.vars.items())))
             else:
                 todo.append((f"__d = {target}; __d.clear(); __d.update({{}})", DictVariable(container.items)))
         for obj_var, name, value in se.attr_stores.values():

@@ -9,6 +9,7 @@ import collections
 import enum
 import operator
 import re
+import sys
 import types
 
 import torch
@@ -23,7 +24,7 @@ from kiln.capture.guards import GuardSet
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import AttrSource, GlobalSource, ItemSource
-from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable,
+from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
                                     SliceVariable, SymNodeVariable, TensorVariable, TupleVariable, is_constant)
 import torch._guards
 from kiln.exc import Unsupported
@@ -110,9 +111,12 @@ class OutputGraph:
         """The Variable for an existing object reached through `source`, with its guards."""
         known = self._by_id.get(id(value))
         if known is not None and not is_constant(value):
-            if guard and source is not None and known.source is not None and known.source != source:
-                self.guards.aliases(source, known.source)
-            return known
+            if guard and source is not None and known.source is None:
+                known = None  # first met unguarded (a staticmethod, a folded result): this source needs guards
+            else:
+                if guard and source is not None and known.source != source:
+                    self.guards.aliases(source, known.source)
+                return known
         var = self._wrap_new(value, source, guard)
         if not is_constant(value):
             self._by_id[id(value)] = var
@@ -139,6 +143,12 @@ class OutputGraph:
                 g.keys_match(source, value)
             items = {k: self.wrap(v, ItemSource(source, k) if source else None, guard) for k, v in value.items()}
             return DictVariable(items, source, type(value))
+        if _is_numpy_scalar(value):  # torch treats them as Python numbers: guard the value, fold the number
+            if g:
+                g.const_match(source, value)
+            return ConstantVariable(value.item(), source)
+        if type(value) is set and all(is_constant(k) for k in value):
+            return self._wrap_set(value, source, g)
         if isinstance(value, types.ModuleType):
             # user modules, and the user's own global names for library modules (`torch` could be
             # rebound), are checked by identity; library internals' imports are trusted
@@ -162,6 +172,16 @@ class OutputGraph:
         if g:
             g.type_match(source, value)
         return ObjectVariable(value, source, opaque=g is not None)
+
+    def _wrap_set(self, value, source, g):
+        """A set of constants: guarded on its items in their iteration order (which the code may see)."""
+        keys = value.copy()
+        if list(keys) != list(value):  # a table grown by deletions: a copy iterates in another order
+            raise Unsupported("a set whose iteration order capture cannot reproduce")
+        if g:
+            g.add(source, f"type(v) is set and tuple(v) == {g.const(tuple(value), 'K')}",
+                  f"{source!r} == {value!r} in this order")
+        return SetVariable([(k, ConstantVariable(k)) for k in keys], source, keys=keys)
 
     def _wrap_tensor(self, value, source):
         if source is None:
@@ -362,6 +382,11 @@ def shape_guards(og):
     return guards
 
 
+def _is_numpy_scalar(value):
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.generic) and isinstance(value.item(), (int, float, bool, complex))
+
+
 def _is_library_object(value):
     mod = getattr(value, "__module__", None) or ""
     return mod.split(".")[0] in ("torch", "builtins", "math", "operator", "_operator")
@@ -380,6 +405,8 @@ def _to_fake(tree):
         if isinstance(v, (ConstantVariable, SymNodeVariable)):
             return v.value
         if isinstance(v, ObjectVariable):
+            if v.opaque:  # only its type is guarded: its value must not become part of the graph
+                raise Unsupported(f"a {type(v.value).__qualname__} object passed to a tensor op")
             return v.value
         raise Unsupported(f"cannot pass {v!r} to a tensor op")
     return _map_vars(conv, tree)

@@ -13,7 +13,7 @@ from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
 from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
-                                    NullVariable, ObjectVariable, SetVariable, SliceVariable, SymNodeVariable,
+                                    NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
                                     TupleVariable, const)
 from kiln.exc import Unsupported
 
@@ -399,7 +399,7 @@ class Frame:
         self.push(ListVariable(self.popn(inst.arg)))
 
     def BUILD_SET(self, inst):
-        self.push(SetVariable(objects.dedup_set(self.popn(inst.arg))))
+        self.push(objects.new_set(self.popn(inst.arg)))
 
     def BUILD_MAP(self, inst):
         items = self.popn(2 * inst.arg)
@@ -429,7 +429,7 @@ class Frame:
     def SET_ADD(self, inst):
         v = self.pop()
         target = self.stack[-inst.arg]
-        target.items = objects.dedup_set(target.items + [v])
+        objects.set_add(target, [v])
 
     def MAP_ADD(self, inst):
         v, k = self.pop(), self.pop()
@@ -442,7 +442,7 @@ class Frame:
     def SET_UPDATE(self, inst):
         v = self.pop()
         target = self.stack[-inst.arg]
-        target.items = objects.dedup_set(target.items + objects.unpack_iterable(self, v))
+        objects.set_add(target, objects.unpack_iterable(self, v))
 
     def DICT_UPDATE(self, inst):
         v = self.pop()

@@ -91,14 +91,14 @@ def set_key(v):
     return const_value(v, "set element")
 
 
-def dedup_set(items):
-    seen, out = set(), []
+def new_set(items, source=None):
+    """A SetVariable holding `items` (added in this order, as `{a, b}` or set(iterable) would)."""
+    return SetVariable([(set_key(i), i) for i in items], source)
+
+
+def set_add(target, items):
     for i in items:
-        key = set_key(i)
-        if key not in seen:
-            seen.add(key)
-            out.append(i)
-    return out
+        target.add(set_key(i), i)
 
 
 def make_tuple(items):
@@ -118,7 +118,7 @@ def result_var(og, value):
     if isinstance(value, dict):
         return DictVariable({k: result_var(og, v) for k, v in value.items()})
     if type(value) is set:
-        return SetVariable([result_var(og, v) for v in value])
+        return new_set([result_var(og, v) for v in value])
     if isinstance(value, torch.Tensor):
         raise Unsupported("a real tensor appeared during capture")
     return og.wrap(value, None, guard=False)
@@ -164,6 +164,8 @@ def truth(frame, v):
         if _python_dunder(t, "__bool__") or _python_dunder(t, "__len__"):
             return truth(frame, call(frame, getattr_var(frame, v, "__bool__" if _python_dunder(t, "__bool__")
                                                            else "__len__"), [], {}))
+        if v.opaque and (hasattr(t, "__bool__") or hasattr(t, "__len__")):
+            raise Unsupported(f"truth of a {t.__qualname__} known only by its type")
         return bool(value)
     raise Unsupported(f"truth value of {describe(v)}")
 
@@ -184,7 +186,7 @@ def contains(frame, container, item):
     if isinstance(container, DictVariable):
         return dict_key(item) in container.items
     if isinstance(container, SetVariable):
-        return set_key(item) in {set_key(i) for i in container.items}
+        return set_key(item) in container.keys
     if isinstance(container, (ListVariable, TupleVariable)):
         for i in container.items:
             if is_same(i, item):
@@ -193,6 +195,8 @@ def contains(frame, container, item):
                 return True
         return False
     if isinstance(container, (ConstantVariable, ObjectVariable)) and isinstance(item, ConstantVariable):
+        if _opaque(container):
+            raise Unsupported(f"`in` over a {type(container.value).__qualname__} known only by its type")
         if isinstance(container.value, torch.nn.Module):
             return item.value in container.value._modules
         return item.value in container.value
@@ -217,7 +221,7 @@ def apply_operator(frame, op, args):
         return const(is_same(args[0], args[1]) == (op is operator.is_))
     if all(isinstance(a, SetVariable) or isinstance(a, ConstantVariable) and isinstance(a.value, frozenset)
            for a in args) and len(args) == 2 and op in _SET_OPS:
-        return _set_operator(op, args)
+        return _set_operator(frame, op, args)
     if any(isinstance(a, (TensorVariable, SymNodeVariable)) for a in args):
         if op is operator.contains:
             raise Unsupported("`in` on tensor data")
@@ -276,24 +280,31 @@ _SET_OPS = (operator.or_, operator.and_, operator.sub, operator.xor, operator.io
             operator.ixor, operator.eq, operator.ne, operator.le, operator.lt, operator.ge, operator.gt)
 
 
-def _set_operator(op, args):
+def _set_operator(frame, op, args):
+    """The operator on the sets' real key sets, so the result (and its order) is CPython's own."""
     by_key = {}
     keysets = []
     for a in args:
-        items = a.items if isinstance(a, SetVariable) else [const(v) for v in a.value]
-        keys = set()
-        for i in items:
-            k = set_key(i)
-            by_key.setdefault(k, i)
-            keys.add(k)
-        keysets.append(keys)
-    result = op(keysets[0], keysets[1])
+        if isinstance(a, SetVariable):
+            keysets.append(a.keys)
+            for k, v in a.vars.items():
+                by_key.setdefault(k, v)
+        else:
+            keysets.append(a.value)
+            for k in a.value:
+                by_key.setdefault(k, const(k))
+    target = args[0]
+    result = op(keysets[0], keysets[1])  # an in-place operator updates target.keys itself
     if isinstance(result, bool):
         return const(result)
-    if op in (operator.ior, operator.iand, operator.isub, operator.ixor) and isinstance(args[0], SetVariable):
-        args[0].items = [by_key[k] for k in by_key if k in result]
-        return args[0]
-    return SetVariable([by_key[k] for k in by_key if k in result])
+    if isinstance(target, SetVariable) and result is target.keys:
+        target.vars = {k: by_key[k] for k in result}
+        frame.og.side_effects.mark_mutated(target)
+        return target
+    if isinstance(result, frozenset):
+        return const(frozenset(result)) if all(is_constant(k) for k in result) else new_set(
+            [by_key[k] for k in result])
+    return SetVariable([(k, by_key[k]) for k in result], keys=result)
 
 
 def _opaque(*args):
@@ -416,8 +427,8 @@ def unpack_iterable(frame, v):
         if isinstance(mod, torch.nn.ParameterList):
             frame.og.guards.keys_match(AttrSource(v.source, "_parameters"), mod._parameters)
             return [og_param(frame.og, v, k) for k in mod._parameters]
-    if isinstance(v, ObjectVariable) and isinstance(v.value, (types.MappingProxyType, type({}.keys()),
-                                                              type({}.values()), type({}.items()))):
+    if isinstance(v, ObjectVariable) and not v.opaque and isinstance(v.value, (types.MappingProxyType, type({}.keys()),
+                                                                                type({}.values()), type({}.items()))):
         return [result_var(frame.og, x) for x in v.value]  # views of objects known by value
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
         it = call(frame, getattr_var(frame, v, "__iter__"), [], {})

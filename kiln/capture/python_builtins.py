@@ -9,8 +9,8 @@ import operator
 
 import torch
 
-from kiln.capture.objects import (apply_operator, call, const_value, dedup_set, describe, dict_items, dict_key,
-                                  fold_natively, getattr_var, getitem, is_same, make_tuple, python_dunder, set_key,
+from kiln.capture.objects import (apply_operator, call, const_value, describe, dict_items, dict_key, fold_natively,
+                                  getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key,
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
                                     IteratorVariable, ListVariable, MethodVariable, ObjectVariable, SetVariable,
@@ -27,16 +27,17 @@ def call_method(frame, obj, name, args, kwargs):
         return _dict_method(frame, obj, name, args, kwargs)
     if isinstance(obj, SetVariable) and name in ("add", "update", "discard", "remove", "clear"):
         if name == "add":
-            obj.items = dedup_set(obj.items + [args[0]])
+            set_add(obj, [args[0]])
         elif name == "update":
-            obj.items = dedup_set(obj.items + [i for a in args for i in unpack_iterable(frame, a)])
+            set_add(obj, [i for a in args for i in unpack_iterable(frame, a)])
         elif name == "clear":
-            obj.items = []
+            obj.clear()
         else:
             key = set_key(args[0])
-            if name == "remove" and key not in {set_key(i) for i in obj.items}:
-                raise Unsupported("KeyError in set.remove")
-            obj.items = [i for i in obj.items if set_key(i) != key]
+            if name == "remove" and key not in obj.keys:
+                raise Unsupported(f"KeyError {key!r}", python_exception=KeyError(key))
+            obj.discard(key)
+        og.side_effects.mark_mutated(obj)
         return const(None)
     if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
         fields = dict(zip(obj.cls._fields, obj.items))
@@ -302,7 +303,7 @@ def _b_defaultdict(frame, args, kwargs):
 
 
 def _b_set(frame, args, kwargs):
-    return SetVariable(dedup_set(unpack_iterable(frame, args[0]) if args else []))
+    return new_set(unpack_iterable(frame, args[0]) if args else [])
 
 
 def _reducing(fn):
@@ -347,6 +348,8 @@ def _b_callable(frame, args, kwargs):
 def _b_id(frame, args, kwargs):
     v = args[0]
     if isinstance(v, ObjectVariable):
+        if v.source is not None:  # the next call may pass another object of the same type
+            frame.og.guards.id_match(v.source, v.value)
         return const(id(v.value))
     raise Unsupported("id() of a value made during capture")
 

@@ -146,7 +146,43 @@ class TupleVariable(_Sequence):
         return self.cls
 
 
-class SetVariable(_Sequence):
+class SetVariable(Variable):
+    """A set. `keys` is a real Python set of the items' keys (objects.set_key), updated by every
+    operation as the program updates its own set, so iteration follows CPython's hash order rather
+    than insertion order; `vars` maps each key to its item's Variable. `source`: an existing set."""
+    mutated = False
+
+    def __init__(self, keyed=(), source=None, keys=None):
+        """`keyed`: (key, Variable) pairs, added in order; or, with `keys` (a real set, kept in its
+        own order), the Variable of each of its keys."""
+        self.source = source
+        if keys is None:
+            self.keys, self.vars = set(), {}
+            for key, var in keyed:
+                self.add(key, var)
+        else:
+            self.keys, self.vars = keys, dict(keyed)
+
+    @property
+    def items(self):
+        return [self.vars[k] for k in self.keys]
+
+    def add(self, key, var):
+        if key not in self.keys:
+            self.keys.add(key)
+            self.vars[key] = var
+
+    def discard(self, key):
+        self.keys.discard(key)
+        self.vars.pop(key, None)
+
+    def clear(self):
+        self.keys.clear()
+        self.vars.clear()
+
+    def is_constant(self):
+        return all(v.is_constant() for v in self.vars.values())
+
     def python_type(self):
         return set
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kiln
-from tests.utils import CompileCounter, check_calls
+from tests.utils import CompileCounter, check_calls, check_module_calls
 
 t = torch.randn
 
@@ -381,3 +381,291 @@ def test_itertools_over_tensors():
         running = list(itertools.accumulate(xs, torch.maximum))
         return pairs, perm, chained, flat, firsts, adj, running
     check_calls(f, [([t(2), t(2)], [t(2), t(2), t(2)]), ([t(2), t(2), t(2)], [t(2)])], graphs=2)
+
+
+# ---- modules --------------------------------------------------------------------------------------
+nn = torch.nn
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.drop = nn.Dropout(0.5)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.bn(self.conv(x))))
+        return self.fc(self.drop(x.flatten(1)))
+
+
+class EmbedLSTM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8, padding_idx=0)
+        self.lstm = nn.LSTM(8, 16, batch_first=True, num_layers=2)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids):
+        h, (hn, _) = self.lstm(self.emb(ids))
+        return self.head(h[:, -1]), hn.shape
+
+
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x, mask=None):
+        return self.mha(x, x, x, key_padding_mask=mask)
+
+
+def transformer_encoder():
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+
+def transformer_encoder_eval():
+    return transformer_encoder().eval()
+
+
+class Containers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 2), "b": nn.Linear(4, 1)})
+        self.seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+
+    def forward(self, x, which="a"):
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i % 2 == 0 else x + layer(x)
+        x = self.layers[-1](x) + self.seq[0](x)
+        x = self.seq[1:](x)
+        outs = {k: h(x) for k, h in self.heads.items()}
+        return outs[which], len(self.layers), list(self.heads.keys())
+
+
+class RunningStats(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("running", torch.zeros(4))
+        self.momentum = 0.1
+        self.calls = 0
+
+    def forward(self, x):
+        self.count += 1
+        self.running.mul_(1 - self.momentum).add_(x.mean(0) * self.momentum)
+        self.calls += 1
+        return x - self.running, self.calls
+
+
+class WithProperties(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self._scale = 2.0
+
+    @property
+    def scale(self):
+        return self._scale * 2
+
+    @property
+    def dtype(self):
+        return self.lin.weight.dtype
+
+    def forward(self, x):
+        return self.lin(x.to(self.dtype)) * self.scale
+
+
+class Swappable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = nn.ReLU()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def _swap(m, i):
+    if i == 1:
+        m.act = nn.Tanh()
+    if i == 2:
+        m.lin = nn.Linear(4, 4)
+    if i == 3:
+        m.act = nn.GELU()
+
+
+def _toggle_train(m, i):
+    m.train(i % 2 == 0)
+
+
+def _set_scale(m, i):
+    m._scale = 1.0 + i
+
+
+class Hooked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.lin.register_forward_hook(lambda m, i, o: o * 2)
+        self.lin.register_forward_pre_hook(lambda m, i: (i[0] + 1,))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class ConfigByGetattr(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.cfg = {"scale": 3.0}
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            cfg = self.__dict__.get("cfg", {})
+            if name not in cfg:
+                raise
+            return cfg[name]
+
+    def forward(self, x):
+        return self.inner(x) * self.scale
+
+
+class ReluLinear(nn.Linear):
+    def forward(self, x):
+        return super().forward(x).relu()
+
+
+class SeededNoise(nn.Module):
+    def forward(self, x):
+        torch.manual_seed(3)
+        return x + torch.rand_like(x), torch.randn(2)
+
+
+MODULE_CASES = [
+    ("convnet_train_eval", ConvNet, [(t(2, 3, 8, 8),), (t(2, 3, 8, 8),), (t(3, 3, 8, 8),), (t(3, 3, 8, 8),)],
+     _toggle_train),
+    pytest.param("embedding_lstm", EmbedLSTM, [(torch.randint(0, 20, (2, 5)),), (torch.randint(0, 20, (2, 7)),)],
+                 None, marks=pytest.mark.torch_differs("runs nn.LSTM eagerly: no graph")),
+    ("multihead_attention", SelfAttention,
+     [(t(2, 5, 16),), (t(2, 5, 16), torch.tensor([[False] * 4 + [True], [False] * 5]))], None),
+    ("transformer_encoder", transformer_encoder, [(t(2, 5, 16),), (t(2, 6, 16),)], None),
+    ("transformer_encoder_eval", transformer_encoder_eval, [(t(2, 5, 16),), (t(2, 6, 16),)], None),
+    ("module_containers", Containers, [(t(2, 4),), (t(2, 4), "b"), (t(3, 4), "a")], None),
+    ("buffers_and_counters", RunningStats, [(t(2, 4),), (t(3, 4),), (t(2, 4),)], None),
+    ("properties", WithProperties, [(t(2, 4),), (t(2, 4),), (t(2, 4),)], _set_scale),
+    ("submodule_swaps", Swappable, [(t(2, 4),)] * 4, _swap),
+    ("hooks", Hooked, [(t(2, 4),), (t(2, 4),)], None),
+    ("module_getattr", ConfigByGetattr, [(t(2, 4),), (t(2, 4),)], None),
+    ("subclassed_linear", lambda: ReluLinear(4, 3), [(t(2, 4),), (t(5, 4),)], None),
+    ("manual_seed_inside", SeededNoise, [(t(3),), (t(3),)], None),
+]
+
+
+def _module_case(case):
+    if hasattr(case, "marks"):  # already a pytest.param
+        return pytest.param(*case.values[1:], id=case.values[0], marks=case.marks)
+    return pytest.param(*case[1:], id=case[0])
+
+
+@pytest.mark.parametrize("make, calls, between", [_module_case(c) for c in MODULE_CASES])
+def test_module_program(make, calls, between):
+    counter = check_module_calls(make, calls, between)
+    assert counter.frame_count >= 1
+
+
+@pytest.mark.parametrize("make, calls", [(ConvNet, [(t(2, 3, 8, 8),), (t(2, 3, 8, 8),)]),
+                                         (transformer_encoder, [(t(2, 5, 16),)])], ids=["convnet", "encoder"])
+def test_module_gradients(make, calls):
+    check_module_calls(make, calls, backward=True)
+
+
+@pytest.mark.torch_differs("iterates a set built in the frame in insertion order")
+def test_set_iterates_in_python_order():
+    def f(x, s):
+        made = set()
+        for k in (3, 1, 2, 10, 7):
+            made.add(k)
+        made.discard(10)
+        words = {"zeta", "alpha", "mid"} | {"beta"}
+        words -= {"mid"}
+        s.add(0)
+        s.discard(5)
+        return [x * i for i in made], list(words), sorted(made | {0}), [x + k for k in s], len(s)
+    check_calls(f, [(t(2), {5, 1, 3}), (t(2), {3, 5, 1}), (t(2), {4, 2})])
+
+
+def test_input_set_contents_are_guarded():
+    def f(x, s):
+        return x * (1 if "a" in s else 2), len(s), [c for c in s]
+    check_calls(f, [(t(3), {"a", "b"}), (t(3), {"b"}), (t(3), {"b", "c", "d"}), (t(3), {"a", "b"})])
+
+
+class _Plain:
+    pass
+
+
+def test_id_of_an_argument_is_guarded_by_identity():
+    def f(x, obj):
+        return x + (id(obj) % 7)
+    a, b = _Plain(), _Plain()
+    compiled = kiln.compile(f, backend=CompileCounter())
+    for obj in (a, b, a, b):
+        torch.testing.assert_close(compiled(torch.zeros(1), obj), f(torch.zeros(1), obj))
+
+
+def test_truth_and_len_of_a_container_known_only_by_type():
+    def f(x, q):
+        return (x + 1 if q else x - 1), x * len(q)
+    check_calls(f, [(t(3), collections.deque([1])), (t(3), collections.deque()), (t(3), collections.deque([1, 2]))])
+
+
+def test_counter_argument_most_common():
+    def f(x, c):
+        return x * c["a"], c.most_common(1)
+    check_calls(f, [(t(3), collections.Counter("aab")), (t(3), collections.Counter("abb"))])
+
+
+def test_numpy_scalars_and_arrays():
+    np = pytest.importorskip("numpy")
+
+    def scale(x, a):
+        return x * a, x + torch.from_numpy(np.ones(1, dtype=np.float32) * float(a))
+    check_calls(scale, [(t(3), np.float32(2.0)), (t(3), np.float32(3.0)), (t(3), np.int64(4)), (t(3), np.float64(0.5))])
+
+    def from_array(x, arr):
+        return x + torch.from_numpy(arr)
+    compiled = kiln.compile(from_array, backend=CompileCounter())
+    for fill in (1.0, 2.0):
+        arr = np.full(3, fill, dtype=np.float32)
+        torch.testing.assert_close(compiled(torch.zeros(3), arr), torch.full((3,), fill))
+
+
+class _Static:
+    @staticmethod
+    def bump(x):
+        return x + 1
+
+
+ALIAS = _Static.bump
+
+
+def _staticmethod_and_global_alias(x):
+    return _Static.bump(x) + ALIAS(x)
+
+
+def test_a_global_first_met_through_a_staticmethod_is_guarded():
+    global ALIAS
+    compiled = kiln.compile(_staticmethod_and_global_alias, backend=CompileCounter())
+    torch.testing.assert_close(compiled(torch.zeros(1)), torch.full((1,), 2.0))
+    try:
+        ALIAS = lambda x: x * 0 + 10  # noqa: E731
+        torch.testing.assert_close(compiled(torch.zeros(1)), torch.full((1,), 11.0))
+    finally:
+        ALIAS = _Static.bump
