@@ -1003,4 +1003,4 @@ for _target, _name in {prims.mul.default: "mul", prims.add.default: "add", prims
 
 
 # lowerings kept in modules of their own register themselves into LOWERINGS on import
-from kiln.compiler import lowerings_pooling, lowerings_scan, lowerings_scatter  # noqa: E402,F401
+from kiln.compiler import lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter  # noqa: E402,F401,E501

@@ -82,6 +82,14 @@ class Window:
     def sizes(self):
         return [w.size for w in self.dims]
 
+    def count(self, idx):
+        """The number of positions in output idx's window (int64 Expr), padding excluded."""
+        count = None
+        for w, o in zip(self.dims, idx[self.batch:]):
+            length = op("sub", w.end(o), w.start(o)) if w.end is not None else i64(w.size)
+            count = length if count is None else op("mul", count, length)
+        return count
+
     def unrollable(self):
         size = ir.sympy_product(self.sizes())
         return size.is_number and size <= UNROLL_WINDOW
@@ -207,10 +215,8 @@ def max_pool_with_indices(ctx, x, kernel_size, stride=(), padding=0, dilation=1,
 @register(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
 def adaptive_max_pool(ctx, x, output_size):
     check_real(x)
-    n = len(output_size)
-    sizes = meta_sizes(ctx.out_meta()[0])
-    dims = [adaptive_dim(x.sizes[x.ndim - n + d], sizes[len(sizes) - n + d]) for d in range(n)]
-    return max_pool(ctx, x, Window(x, dims), ctx.out_meta()[0].dtype)
+    window = adaptive_window(x, meta_sizes(ctx.out_meta()[0]), len(output_size))
+    return max_pool(ctx, x, window, ctx.out_meta()[0].dtype)
 
 
 def meta_sizes(meta):
@@ -232,47 +238,58 @@ def divided(total, divisor_of, out_dtype):
                        lambda idx: cast(op(name, total.loader(idx), cast(divisor_of(idx), compute)), out_dtype))
 
 
+@dataclasses.dataclass
+class AvgPool:
+    """avg_pool's window and divisor (shared by its backward)."""
+    window: Window
+    kernel: list
+    stride: list
+    padding: list
+    count_include_pad: bool
+    divisor_override: Optional[int]
+
+    def divisor(self, idx):
+        """The int64 divisor of output point idx, as eager's kernel computes it."""
+        if self.divisor_override:
+            return const(int(self.divisor_override), I64)
+        count = ONE
+        for d, (w, o) in enumerate(zip(self.window.dims, idx[self.window.batch:])):
+            start = o * self.stride[d] - self.padding[d]
+            end = sympy.Min(start + self.kernel[d], w.extent + self.padding[d])  # eager's window, padding included
+            if not self.count_include_pad:
+                start, end = sympy.Max(start, 0), sympy.Min(end, w.extent)
+            count = count * (end - start)
+        return index_expr(count)
+
+
+def avg_pool_of(ctx, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
+    kernel, stride, padding, _ = pool_params(x, n, kernel_size, stride, padding, 1)
+    dims = [fixed_dim(x.sizes[x.ndim - n + d], kernel[d], stride[d], padding[d], 1) for d in range(n)]
+    for w in dims:
+        w.padded = w.padded or ceil_mode
+    return AvgPool(Window(x, dims), kernel, stride, padding, count_include_pad, divisor_override)
+
+
 @register(aten.avg_pool2d.default, aten.avg_pool3d.default)
 def avg_pool(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
              divisor_override=None):
     check_real(x)
     n = 2 if ctx.current_node.target == aten.avg_pool2d.default else 3
-    kernel, stride, padding, _ = pool_params(x, n, kernel_size, stride, padding, 1)
-    dims = [fixed_dim(x.sizes[x.ndim - n + d], kernel[d], stride[d], padding[d], 1) for d in range(n)]
-    for w in dims:
-        w.padded = w.padded or ceil_mode
-    window = Window(x, dims)
+    pool = avg_pool_of(ctx, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n)
     out_dtype = ctx.out_meta().dtype
-    total = window_sum(ctx, window, calc_dtype(out_dtype))
+    total = window_sum(ctx, pool.window, calc_dtype(out_dtype))
+    return divided(total, pool.divisor, out_dtype)
 
-    def divisor(idx):
-        if divisor_override:
-            return const(int(divisor_override), I64)
-        count = ONE
-        for w, d, o in zip(dims, range(n), idx[window.batch:]):
-            start = o * stride[d] - padding[d]
-            end = sympy.Min(start + kernel[d], w.extent + padding[d])  # eager's window, padding included
-            if not count_include_pad:
-                start, end = sympy.Max(start, 0), sympy.Min(end, w.extent)
-            count = count * (end - start)
-        return index_expr(count)
-    return divided(total, divisor, out_dtype)
+
+def adaptive_window(x, out_sizes, n):
+    """The adaptive windows of outputs of `out_sizes` over the last n dims of x."""
+    return Window(x, [adaptive_dim(x.sizes[x.ndim - n + d], out_sizes[len(out_sizes) - n + d]) for d in range(n)])
 
 
 @register(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool(ctx, x, output_size):
     check_real(x)
-    n = len(output_size)
-    sizes = out_sizes(ctx)
-    dims = [adaptive_dim(x.sizes[x.ndim - n + d], sizes[len(sizes) - n + d]) for d in range(n)]
-    window = Window(x, dims)
+    window = adaptive_window(x, out_sizes(ctx), len(output_size))
     out_dtype = ctx.out_meta().dtype
     total = window_sum(ctx, window, calc_dtype(out_dtype))
-
-    def divisor(idx):
-        count = None
-        for w, o in zip(dims, idx[window.batch:]):
-            length = op("sub", w.end(o), w.start(o)) if w.end is not None else i64(w.size)
-            count = length if count is None else op("mul", count, length)
-        return count
-    return divided(total, divisor, out_dtype)
+    return divided(total, window.count, out_dtype)

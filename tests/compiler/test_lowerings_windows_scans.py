@@ -256,3 +256,68 @@ def test_slice_scatter(dim, start, end, step, dtype):
     x = torch.randn(5, 7).to(dtype)
     src = torch.zeros_like(x)[(slice(None),) * (dim % 2) + (slice(start, end, step),)] - 3
     check(lambda x, s: torch.slice_scatter(x * 2, s + 1, dim, start, end, step), x, src)
+
+
+# ---- pooling backward ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params", MAX_POOL_PARAMS[:4] + MAX_POOL_PARAMS[-1:])
+def test_max_pool2d_backward_adds_gradients_at_the_saved_indices(params):
+    k, s, p, d, ceil = params
+    x = with_ties_nan_inf((2, 3, 9, 11))
+    out, idx = F.max_pool2d(x, k, s, p, d, ceil_mode=ceil, return_indices=True)
+    grad = torch.randn_like(out)
+    s = s or k
+    check(lambda g, x, i: aten.max_pool2d_with_indices_backward(g, x, k, s, p, d, ceil, i), grad, x, idx)
+
+
+def test_max_pool3d_and_adaptive_max_backward():
+    x = torch.randn(2, 2, 5, 6, 7)
+    out, idx = F.max_pool3d(x, 3, 2, 1, return_indices=True)
+    check(lambda g, x, i: aten.max_pool3d_with_indices_backward(g, x, 3, 2, 1, 1, False, i), torch.randn_like(out), x, idx)
+    x = torch.randn(2, 3, 9, 11)
+    out, idx = F.adaptive_max_pool2d(x, (4, 5), return_indices=True)
+    check(lambda g, x, i: aten.adaptive_max_pool2d_backward(g, x, i), torch.randn_like(out), x, idx)
+
+
+@pytest.mark.parametrize("params", AVG_POOL_PARAMS)
+def test_avg_pool2d_backward(params):
+    k, s, p, ceil, include_pad, divisor = params
+    x = torch.randn(2, 3, 9, 10, dtype=torch.float64)
+    grad = torch.randn_like(F.avg_pool2d(x, k, s, p, ceil, include_pad, divisor))
+    s = s or k
+    check(lambda g, x: aten.avg_pool2d_backward(g, x, k, s, p, ceil, include_pad, divisor), grad, x)
+
+
+@pytest.mark.parametrize("out", [(4, 5), (3, 11), (1, 1), 5])
+def test_adaptive_avg_pool_backward(out):
+    x = torch.randn(2, 3, 9, 11)
+    grad = torch.randn_like(F.adaptive_avg_pool2d(x, out))
+    check(lambda g, x: aten._adaptive_avg_pool2d_backward(g, x), grad, x)
+    x3 = torch.randn(2, 2, 5, 6, 7)
+    grad3 = torch.randn_like(F.adaptive_avg_pool3d(x3, (2, 3, 4)))
+    check(lambda g, x: aten._adaptive_avg_pool3d_backward(g, x), grad3, x3)
+
+
+def test_training_through_pooling_scans_and_scatter_matches_eager_gradients():
+    import kiln
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Linear(8 * 4 * 4, 5)
+
+        def forward(self, x):
+            y = F.avg_pool2d(F.max_pool2d(F.relu(self.conv(x)), 3, 2, 1), 2, ceil_mode=True)
+            y = torch.cumsum(y, 1).flatten(1)
+            return self.head(y).scatter_add(1, torch.zeros(x.shape[0], 2, dtype=torch.long), y[:, :2])
+
+    torch.manual_seed(0)
+    eager, x = Net(), torch.randn(2, 3, 16, 16)
+    mine = Net()
+    mine.load_state_dict(eager.state_dict())
+    compiled_net = kiln.compile(mine)
+    torch.testing.assert_close(compiled_net(x), eager(x))
+    eager(x).square().sum().backward()
+    compiled_net(x).square().sum().backward()
+    for p, q in zip(eager.parameters(), mine.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
