@@ -179,6 +179,8 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
         raise Fallback("slice_scatter of a 0-d tensor")
     dim = dim + x.ndim if dim < 0 else dim
     start, end, step = slice_bounds(start, end, step, x.sizes[dim])
+    if src.numel == 0:  # nothing to place (and no element of src to load)
+        return x
 
     def fn(idx):
         i = ir.index_expr(idx[dim])
@@ -196,4 +198,24 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
             at = sympy.Min(sympy.Max(idx[dim] - start, 0), sympy.Max(src.sizes[dim] - 1, 0))
         local = tuple(idx[:dim]) + (at,) + tuple(idx[dim + 1:])
         return op("where", inside, cast(src.loader(local), x.dtype), x.loader(idx))
+    return TensorValue(tuple(x.sizes), x.dtype, fn)
+
+
+@register(aten.diagonal_scatter.default)
+def diagonal_scatter(ctx, x, src, offset=0, dim1=0, dim2=1):
+    """x with src on its diagonal (dims dim1, dim2; src's last dim runs along it): a select."""
+    check_real(x, src)
+    if src.numel == 0:  # an empty diagonal: nothing to place
+        return x
+    if not isinstance(offset, int):
+        raise Fallback("diagonal_scatter with a symbolic offset")
+    dim1, dim2 = norm_dim(dim1, x.ndim), norm_dim(dim2, x.ndim)
+    rest = [d for d in range(x.ndim) if d not in (dim1, dim2)]
+    last = sympy.Max(src.sizes[-1] - 1, 0)
+
+    def fn(idx):
+        on = op("eq", ir.index_expr(idx[dim2] - idx[dim1]), const(offset, I64), dtype=torch.bool)
+        along = idx[dim1] if offset >= 0 else idx[dim2]  # the position along the diagonal
+        local = tuple(idx[d] for d in rest) + (sympy.Min(along, last),)
+        return op("where", on, cast(src.loader(local), x.dtype), x.loader(idx))
     return TensorValue(tuple(x.sizes), x.dtype, fn)

@@ -321,3 +321,16 @@ def test_training_through_pooling_scans_and_scatter_matches_eager_gradients():
     compiled_net(x).square().sum().backward()
     for p, q in zip(eager.parameters(), mine.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("offset, dim1, dim2", [(0, 0, 1), (2, 0, 1), (-1, 1, 0), (1, -1, 0), (-2, 0, 2)])
+def test_diagonal_scatter(offset, dim1, dim2):
+    x = torch.randn(4, 6, 5)
+    src = torch.diagonal(x, offset, dim1, dim2).clone() * 0 - 7
+    check(lambda x, s: torch.diagonal_scatter(x + 1, s, offset, dim1, dim2), x, src)
+
+
+def test_empty_slice_and_diagonal_scatter():
+    x = torch.randn(3, 4)
+    check(lambda x, s: torch.slice_scatter(x, s, 1, 2, 2) + 1, x, torch.empty(3, 0))
+    check(lambda x, s: torch.diagonal_scatter(x, s, 5) + 1, x, torch.empty(0))
