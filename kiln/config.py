@@ -93,6 +93,8 @@ COMPILER_OPTIONS = {
     "trace.graph_diagram": (False, "draw the fused schedule as a diagram in the debug folder"),
     "trace.debug_dir": (None, "where trace.enabled writes (default ./kiln_debug)"),
     "debug": (False, "extra checks in the compiler"),
+    "graph_cache": (True, "keep compiled graphs in KILN_CACHE_DIR/graphs: a fresh process skips aot, lowering "
+                          "and codegen for a graph it compiled before (inference graphs with static sizes)"),
 }
 
 MODE_OPTIONS = {

@@ -20,7 +20,10 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
                                     or any(p.requires_grad for p in gm.parameters())):
         from kiln.compiler.training import compile_training
         return compile_training(gm, example_inputs, options, inner)
-    from kiln.compiler import aot
+    from kiln.compiler import aot, graph_cache
+    cached = graph_cache.lookup(gm, example_inputs, options) if inner == "cpp" else graph_cache.Lookup(None)
+    if cached.runner is not None:  # compiled by an earlier process: no aot, lowering or codegen
+        return cached.runner
     try:
         aten = aot.trace_aten(gm, example_inputs, aot.lowering_decompositions(options.get("fallback_random", False)))
     except aot.AotUnsupported as e:
@@ -28,7 +31,9 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
         return _inspectable(lambda *args: gm.forward(*args), [], "", "", ["<whole graph>"])
     if inner == "eager":
         return aot.make_runner(aten, aten.gm.forward)
-    return aot.make_runner(aten, compile_aten(aten.gm, example_inputs, options, fx_gm=gm))
+    flat_fn = compile_aten(aten.gm, example_inputs, options, fx_gm=gm)
+    cached.store(aten, flat_fn)
+    return aot.make_runner(aten, flat_fn)
 
 
 def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):

@@ -57,6 +57,7 @@ class CacheStats:
 
 stats = CacheStats()
 _loaded = {}  # (cache root, library stem) -> CDLL, for libraries loaded in this process
+_recipes = {}  # (cache root, library stem) -> (source, name_hint, extra_flags) it was loaded from
 
 
 def cache_dir() -> pathlib.Path:
@@ -123,7 +124,17 @@ def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> c
             if lib is None:
                 raise KilnError(f"kiln built {so_path} but could not load it")
     _loaded[memo_key] = lib
+    _recipes[memo_key] = (source, name_hint, tuple(extra_flags))
     return lib
+
+
+def library_recipe(fn):
+    """(source, name_hint, extra_flags) of the library loaded here that ctypes function `fn` was
+    taken from (`getattr(lib, name)` keeps it in the library's __dict__), or None."""
+    for memo_key, lib in _loaded.items():
+        if lib.__dict__.get(getattr(fn, "__name__", None)) is fn:
+            return _recipes[memo_key]
+    return None
 
 
 def _cache_key(source, flags, compiler_id):

@@ -1,0 +1,484 @@
+"""Compiled graphs on disk: a fresh process that meets a graph it compiled before skips aot,
+lowering, scheduling and codegen.
+
+`lookup(gm, example_inputs, options)` computes the graph's key and, on a hit, rebuilds the runner;
+on a miss, `Lookup.store(aten, flat_fn)` records the compiled graph after `compile_fx` made it.
+
+- key: sha256 over everything the compiled graph depends on: the fx graph (its code, and each node's
+  op, target by qualified name and literal arguments), the example inputs' metadata (type, dtype,
+  shape, stride, storage offset, requires_grad, which ones share storage), the metadata of the
+  parameters and buffers it reads, the compiler options, the global modes compilation reads
+  (threads, default dtype, grad and inference mode), torch's and Python's versions and a hash of
+  kiln's compiler sources. The C++ compiler's identity is in build.py's key for the library.
+- value (`graphs/<key[:2]>/<key>.json`): the library's C++ source and build flags (build.py's cache
+  gives back the .so), the wrapper's Python source and a description of each global it uses (aten
+  ops by qualified name, native entries by symbol, module tensors by their attribute path in the fx
+  graph, so a loaded graph reads the current parameters; baked constant tensors by value), and aot's
+  runner metadata (outputs, mutated inputs and module tensors, aliased outputs, the output tree).
+- entries are JSON with a sha256 line in front, written atomically into the private cache directory;
+  a missing, damaged or unloadable entry is a miss, never trusted.
+- not cached (logged under KILN_LOGS=perf_hints): graphs with symbolic sizes, training graphs
+  (compile_fx never asks), graphs with submodule calls or non-library targets, graphs that fall back
+  to aten as a whole, and any graph whose wrapper holds a value this module cannot describe.
+"""
+import base64
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import importlib
+import io
+import json
+import operator
+import pathlib
+import sys
+import types
+
+import torch
+import torch.utils._pytree as pytree
+
+from kiln.compiler import build
+from kiln.debug.logs import log
+
+FORMAT = 1
+_LIBRARY_MODULES = ("torch", "operator", "_operator", "math", "builtins")  # graph targets we can name
+_WRAPPER_MODULES = _LIBRARY_MODULES + ("ctypes", "kiln")                     # ... and wrapper globals
+_LITERALS = (type(None), bool, int, float, str)
+
+
+@dataclasses.dataclass
+class GraphCacheStats:
+    """How `lookup` calls were answered in this process (for tests: a hit skips aot)."""
+    hits: int = 0
+    misses: int = 0
+    stores: int = 0
+    uncacheable: int = 0
+
+
+stats = GraphCacheStats()
+
+
+class Uncacheable(Exception):
+    """Something in the graph or its compiled form cannot be described safely: do not cache it."""
+
+
+@dataclasses.dataclass
+class Lookup:
+    key: str | None                 # None: the cache is off for this graph
+    runner: object = None           # the loaded graph on a hit
+    gm: object = None
+    example_inputs: list = None
+
+    def store(self, aten, flat_fn):
+        """Record the graph `compile_fx` just compiled (aten: aot.AtenGraph; flat_fn: compile_aten's)."""
+        if self.key is None:
+            return
+        try:
+            entry = _describe(self, aten, flat_fn)
+        except Uncacheable as e:
+            stats.uncacheable += 1
+            log("perf_hints", "graph not kept in the graph cache: %s", e)
+            return
+        build._write_atomically(_entry_path(self.key), _seal(entry))
+        stats.stores += 1
+
+
+_OFF = Lookup(None)
+
+
+def lookup(gm, example_inputs, options):
+    """The cached runner for `gm` compiled for `example_inputs` (Lookup.runner), or a Lookup to store into."""
+    if not options.get("graph_cache", True) or options.get("trace.enabled") or options.get("debug"):
+        return _OFF
+    try:
+        key = graph_key(gm, example_inputs, options)
+    except Uncacheable as e:
+        stats.uncacheable += 1
+        log("perf_hints", "graph not kept in the graph cache: %s", e)
+        return _OFF
+    found = Lookup(key, None, gm, list(example_inputs))
+    entry = _read(key)
+    if entry is not None:
+        try:
+            found.runner = _load(entry, gm, example_inputs, options)
+        except Exception as e:  # a stale description (an op gone, a symbol missing): compile afresh
+            log("perf_hints", "graph cache entry %s could not be loaded (%s: %s): compiling again",
+                key[:16], type(e).__name__, e)
+    if found.runner is None:
+        stats.misses += 1
+    else:
+        stats.hits += 1
+        log("output_code", "graph loaded from the graph cache (%s)", key[:16])
+    return found
+
+
+# ---- the key ------------------------------------------------------------------------------------
+def graph_key(gm, example_inputs, options):
+    module_tensors = _module_tensors(gm)
+    parts = {
+        "format": FORMAT,
+        "versions": [torch.__version__, list(sys.version_info[:2]), _compiler_sources_hash()],
+        "modes": [torch.get_num_threads(), str(torch.get_default_dtype()), torch.is_grad_enabled(),
+                  torch.is_inference_mode_enabled()],
+        "options": [[k, _literal(v, f"option {k}")] for k, v in sorted(options.items())],
+        "code": gm.code,
+        "nodes": [_node_key(gm, node, module_tensors) for node in gm.graph.nodes],
+        "inputs": _inputs_key(list(example_inputs), module_tensors),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_sources_hash():
+    """kiln's compiler, as source text: a changed lowering or codegen never reuses an old entry."""
+    h = hashlib.sha256()
+    root = pathlib.Path(__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _module_tensors(gm):
+    """{id(tensor): qualified name} of the parameters and buffers of `gm` (all names, shared ones too)."""
+    named = {}
+    for name, t in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)):
+        named.setdefault(id(t), name)
+    return named
+
+
+def _node_key(gm, node, module_tensors):
+    if node.op == "call_module":
+        raise Uncacheable(f"node {node.name} calls submodule {node.target!r}")
+    if node.op == "get_attr":
+        value = operator.attrgetter(node.target)(gm)
+        if not isinstance(value, torch.Tensor) or id(value) not in module_tensors:
+            raise Uncacheable(f"node {node.name} reads {node.target!r}, not a parameter or buffer")
+        target = [node.target, _tensor_meta(value)]
+    elif node.op == "call_function":
+        target = _callable_name(node.target, _LIBRARY_MODULES)
+    else:
+        target = node.target  # placeholder/output names, method names
+    if "example_value" in node.meta and _is_symbolic(node.meta["example_value"]):
+        raise Uncacheable("the graph has symbolic sizes")
+    return [node.op, node.name, target, _literal((node.args, node.kwargs), f"an argument of {node.name}")]
+
+
+def _literal(value, what):
+    """A JSON-able form of a node argument or option; Uncacheable for anything else."""
+    if isinstance(value, float):
+        return ["float", repr(value)]  # nan, inf and -0.0 kept apart
+    if isinstance(value, _LITERALS):
+        return value
+    if isinstance(value, torch.fx.Node):
+        return ["node", value.name]
+    if isinstance(value, (tuple, list, torch.Size)):
+        return [type(value).__name__, [_literal(v, what) for v in value]]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return ["dict", [[k, _literal(v, what)] for k, v in value.items()]]
+    if isinstance(value, slice):
+        return ["slice", _literal((value.start, value.stop, value.step), what)]
+    if value is Ellipsis:
+        return ["..."]
+    if isinstance(value, complex):
+        return ["complex", repr(value)]
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
+        return [type(value).__name__, str(value)]
+    raise Uncacheable(f"{what} is a {type(value).__name__}")
+
+
+def _inputs_key(example_inputs, module_tensors):
+    owners = {}  # storage -> first input sharing it: aliasing decides what aot may do
+    out = []
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            if _is_symbolic(x) or x.layout is not torch.strided or type(x) not in (torch.Tensor, torch.nn.Parameter):
+                raise Uncacheable(f"input {i} is a {type(x).__name__} ({x.layout})")
+            shares = owners.setdefault(x.untyped_storage().data_ptr(), i)
+            out.append(["tensor", type(x).__name__, _tensor_meta(x), shares, x.is_conj(), x.is_neg()])
+        elif isinstance(x, (bool, int, float)) and not isinstance(x, torch.SymInt):
+            out.append(["scalar", _literal(x, f"input {i}")])
+        else:
+            raise Uncacheable(f"input {i} is a {type(x).__name__}")
+    return out
+
+
+def _tensor_meta(t):
+    return [str(t.dtype), str(t.device), list(t.shape), list(t.stride()), t.storage_offset(), t.requires_grad]
+
+
+def _is_symbolic(value):
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride(), value.storage_offset()))
+    return False
+
+
+def _callable_name(fn, allowed_roots):
+    """[module, qualified name] that imports back to `fn` itself; Uncacheable when there is none."""
+    if isinstance(fn, torch._ops.OpOverload):
+        return ["op", fn.name()]
+    owner = getattr(fn, "__objclass__", None)  # a method descriptor: torch.Tensor.add
+    if owner is not None and getattr(fn, "__module__", None) is None:
+        module, path = owner.__module__, f"{owner.__qualname__}.{fn.__name__}"
+    else:
+        module, path = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    candidates = [(module, path), (module, getattr(fn, "__name__", None))]
+    for module, path in candidates:
+        if module and path and module.split(".")[0] in allowed_roots and _resolve(module, path) is fn:
+            return [module, path]
+    raise Uncacheable(f"{fn!r} cannot be named by module and qualified name")
+
+
+def _resolve(module, path):
+    try:
+        return operator.attrgetter(path)(importlib.import_module(module))
+    except (ImportError, AttributeError):
+        return None
+
+
+# ---- describing a compiled graph ------------------------------------------------------------------
+def _describe(found, aten, flat_fn):
+    wrapper_source = getattr(flat_fn, "kiln_wrapper", "")
+    if not wrapper_source or "<whole graph>" in flat_fn.kiln_fallbacks or \
+            getattr(flat_fn, "__code__", None) is None or flat_fn.__code__.co_name != "kiln_graph":
+        raise Uncacheable("the graph runs through aten as a whole")
+    code = flat_fn.__code__
+    if flat_fn.__closure__ or _compiled_wrapper(wrapper_source).co_code != code.co_code:
+        raise Uncacheable("the wrapper function is not its source alone")
+    module_tensors = _module_tensors(found.gm)
+    storages = {t.untyped_storage().data_ptr() for t in _all_tensors(found.gm, found.example_inputs)}
+    library = None
+    described = {}
+    for name in sorted(_global_names(code)):
+        if name not in flat_fn.__globals__:
+            continue  # a builtin
+        value = flat_fn.__globals__[name]
+        desc = _describe_value(value, name, module_tensors, storages)
+        _check_round_trip(desc, value, name)
+        if desc[0] == "entry":
+            library = _same_library(library, value, name)
+        described[name] = desc
+    return {
+        "format": FORMAT, "key": found.key,
+        "library": library,
+        "wrapper": wrapper_source,
+        "globals": described,
+        "runner": _runner_metadata(aten, module_tensors),
+        "inspect": {"kernels": [dataclasses.asdict(k) for k in flat_fn.kiln_kernels],
+                    "fallbacks": list(flat_fn.kiln_fallbacks)},
+    }
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_wrapper(source):
+    module = compile(source, "<kiln wrapper>", "exec")
+    return next(c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == "kiln_graph")
+
+
+def _global_names(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _all_tensors(gm, example_inputs):
+    return [*gm.parameters(), *gm.buffers(), *(x for x in example_inputs if isinstance(x, torch.Tensor))]
+
+
+def _describe_value(value, name, module_tensors, storages):
+    if isinstance(value, torch.Tensor):
+        return _describe_tensor(value, name, module_tensors, storages)
+    if isinstance(value, ctypes._CFuncPtr):
+        if value.restype is not None or not all(t in (ctypes.c_void_p, ctypes.c_int64) for t in value.argtypes or ()):
+            raise Uncacheable(f"native entry {name} has a signature the cache does not know")
+        return ["entry", value.__name__, [t.__name__ for t in value.argtypes]]
+    if isinstance(value, types.ModuleType):
+        if value.__name__.split(".")[0] not in _WRAPPER_MODULES or sys.modules.get(value.__name__) is not value:
+            raise Uncacheable(f"wrapper global {name} is module {value.__name__}")
+        return ["module", value.__name__]
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        attr = str(value).removeprefix("torch.")
+        if getattr(torch, attr, None) is not value:
+            raise Uncacheable(f"wrapper global {name} is {value!r}")
+        return ["torch", attr]
+    if isinstance(value, torch.device):
+        return ["device", str(value)]
+    if isinstance(value, _LITERALS) or isinstance(value, tuple) and all(isinstance(v, _LITERALS) for v in value):
+        if isinstance(value, float) or isinstance(value, tuple) and any(isinstance(v, float) for v in value):
+            raise Uncacheable(f"wrapper global {name} is a float constant")  # JSON would round nan/-0.0 oddly
+        return ["value", value]
+    if isinstance(value, torch._ops.OpOverload):
+        return ["op", value.name()]
+    if callable(value):
+        return ["object", *_callable_name(value, _WRAPPER_MODULES)]
+    raise Uncacheable(f"wrapper global {name} is a {type(value).__name__}")
+
+
+def _check_round_trip(desc, value, name):
+    """A described global must load back as the very object (or an equal value) the wrapper holds."""
+    if desc[0] in ("module_tensor", "tensor", "entry"):
+        return  # resolved against the module / checked by library_recipe / saved by value
+    try:
+        back = _rebuild(desc, None, None)
+    except Exception:
+        back = None
+    if not (back is value or desc[0] in ("device", "value") and back == value):
+        raise Uncacheable(f"wrapper global {name} ({desc[0]}) does not load back as itself")
+
+
+def _describe_tensor(t, name, module_tensors, storages):
+    if id(t) in module_tensors:  # read through the fx graph on load: the current parameter object
+        return ["module_tensor", module_tensors[id(t)]]
+    if t.requires_grad or type(t) is not torch.Tensor or t.layout is not torch.strided or \
+            t.untyped_storage().data_ptr() in storages:
+        raise Uncacheable(f"wrapper global {name} is a tensor that is neither a module tensor nor a constant")
+    buffer = io.BytesIO()
+    torch.save(t, buffer)  # keeps size, stride and offset
+    return ["tensor", base64.b64encode(buffer.getvalue()).decode()]
+
+
+def _same_library(library, fn, name):
+    """The build recipe of the library holding native entry `fn`; one library per graph."""
+    recipe = build.library_recipe(fn)
+    if recipe is None:
+        raise Uncacheable(f"native entry {name} is not from a library kiln built in this process")
+    source, name_hint, flags = recipe
+    found = {"source": source, "name_hint": name_hint, "flags": list(flags)}
+    if library is not None and library != found:
+        raise Uncacheable("the wrapper calls into two libraries")
+    return found
+
+
+def _runner_metadata(aten, module_tensors):
+    try:
+        out_spec = pytree.treespec_dumps(aten.out_spec)
+    except Exception as e:  # a container type pytree cannot serialize (a namedtuple, a custom class)
+        raise Uncacheable(f"the output structure cannot be saved ({type(e).__name__}: {e})") from None
+    mutated_attrs = []
+    for t in aten.mutated_attrs:
+        if id(t) not in module_tensors:
+            raise Uncacheable("a mutated module tensor has no attribute path")
+        mutated_attrs.append(module_tensors[id(t)])
+    return {"num_user_outputs": aten.num_user_outputs, "mutated_inputs": list(aten.mutated_inputs),
+            "out_spec": out_spec, "mutated_attrs": mutated_attrs,
+            "output_aliases": [[a.output_index, a.input_index, a.view] for a in aten.output_aliases]}
+
+
+# ---- loading --------------------------------------------------------------------------------------
+def _load(entry, gm, example_inputs, options):
+    from kiln.compiler import aot
+    from kiln.compiler.debug import KernelInfo, log_output_code
+
+    library = entry["library"]
+    lib = build.load_library(library["source"], name_hint=library["name_hint"],
+                             extra_flags=tuple(library["flags"])) if library else None
+    scope = {name: _rebuild(desc, gm, lib) for name, desc in entry["globals"].items()}
+    exec(compile(entry["wrapper"], "<kiln wrapper>", "exec"), scope)
+    flat_fn = scope["kiln_graph"]
+    flat_fn.kiln_kernels = [KernelInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in info.items()})
+                            for info in entry["inspect"]["kernels"]]
+    flat_fn.kiln_source = library["source"] if library else ""
+    flat_fn.kiln_wrapper = entry["wrapper"]
+    flat_fn.kiln_fallbacks = list(entry["inspect"]["fallbacks"])
+    log_output_code(getattr(lib, "_name", None), flat_fn.kiln_source, flat_fn.kiln_wrapper)
+    meta = entry["runner"]
+    aten = aot.AtenGraph(
+        gm=None, num_user_outputs=meta["num_user_outputs"], mutated_inputs=meta["mutated_inputs"],
+        out_spec=pytree.treespec_loads(meta["out_spec"]),
+        mutated_attrs=[operator.attrgetter(path)(gm) for path in meta["mutated_attrs"]],
+        output_aliases=[aot.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
+                        for k, i, view in meta["output_aliases"]])
+    runner = aot.make_runner(aten, flat_fn)
+    runner.kiln_aten = _AtenOnDemand(gm, [_placeholder_like(x) for x in example_inputs], options)
+    return runner
+
+
+def _rebuild(desc, gm, lib):
+    kind, *rest = desc
+    if kind == "module_tensor":
+        return operator.attrgetter(rest[0])(gm)
+    if kind == "tensor":
+        return torch.load(io.BytesIO(base64.b64decode(rest[0])), weights_only=True)
+    if kind == "entry":
+        fn = getattr(lib, rest[0])
+        fn.argtypes = [getattr(ctypes, t) for t in rest[1]]
+        fn.restype = None
+        return fn
+    if kind == "module":
+        return importlib.import_module(rest[0])
+    if kind == "torch":
+        return getattr(torch, rest[0])
+    if kind == "device":
+        return torch.device(rest[0])
+    if kind == "value":
+        return tuple(rest[0]) if isinstance(rest[0], list) else rest[0]
+    if kind == "object":
+        value = _resolve(*rest)
+        if value is None:
+            raise LookupError(f"{'.'.join(rest)} no longer exists")
+        return value
+    if kind == "op":
+        namespace, _, name = rest[0].partition("::")
+        packet, _, overload = name.partition(".")
+        return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+    raise ValueError(f"unknown global kind {kind!r}")
+
+
+def _placeholder_like(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+    return x
+
+
+class _AtenOnDemand:
+    """`kiln_aten` of a graph loaded from the cache: aot runs again the first time it is inspected
+    (on inputs of the same metadata, fresh memory: aliasing between inputs is not reproduced)."""
+
+    def __init__(self, gm, example_inputs, options):
+        self._args, self._aten = (gm, example_inputs, options), None
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._aten is None:
+            from kiln.compiler import aot
+            gm, example_inputs, options = self._args
+            self._aten = aot.trace_aten(gm, example_inputs,
+                                        aot.lowering_decompositions(options.get("fallback_random", False)))
+        return getattr(self._aten, name)
+
+
+# ---- entries on disk ------------------------------------------------------------------------------
+def _entry_path(key):
+    return build._private_dir(build._private_dir(build.cache_dir() / "graphs") / key[:2]) / f"{key}.json"
+
+
+def _seal(entry):
+    body = json.dumps(entry).encode()
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def _read(key):
+    """The entry stored under `key`, or None when there is none or it is damaged."""
+    path = _entry_path(key)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log("perf_hints", "graph cache entry %s unreadable (%s): compiling again", path, e)
+        return None
+    digest, _, body = data.partition(b"\n")
+    try:
+        if hashlib.sha256(body).hexdigest().encode() != digest:
+            raise ValueError("digest mismatch")
+        entry = json.loads(body)
+        if entry.get("format") != FORMAT or entry.get("key") != key:
+            raise ValueError("format or key mismatch")
+        return entry
+    except ValueError as e:
+        log("perf_hints", "graph cache entry %s is damaged (%s): compiling again", path, e)
+        return None
