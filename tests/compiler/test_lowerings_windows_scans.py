@@ -334,3 +334,11 @@ def test_empty_slice_and_diagonal_scatter():
     x = torch.randn(3, 4)
     check(lambda x, s: torch.slice_scatter(x, s, 1, 2, 2) + 1, x, torch.empty(3, 0))
     check(lambda x, s: torch.diagonal_scatter(x, s, 5) + 1, x, torch.empty(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_dtypes_pool_and_scan_in_float(dtype):
+    x = torch.randn(2, 3, 9, 11).to(dtype)
+    check(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x)
+    check(lambda x: (F.avg_pool2d(x, 3, 2, 1), F.adaptive_avg_pool2d(x, (4, 5))), x)
+    check(lambda x: (torch.cumsum(x, -1), torch.cummax(x, 2), torch.logcumsumexp(x, 1)), x)
