@@ -26,6 +26,7 @@ import operator
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.overrides import TorchFunctionMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_symbols
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                            FakeTensor)
@@ -192,10 +193,11 @@ def _flat_function(gm, num_inputs, state_names):
     def run(*flat):
         inputs = flat[:num_inputs]
         before = [_shape(x) for x in inputs]
-        if state_names:
-            out = torch.func.functional_call(gm, dict(zip(state_names, flat[num_inputs:])), tuple(inputs))
-        else:
-            out = gm(*inputs)
+        with _RefuseOverlappingWrites():
+            if state_names:
+                out = torch.func.functional_call(gm, dict(zip(state_names, flat[num_inputs:])), tuple(inputs))
+            else:
+                out = gm(*inputs)
         # Only a shape change is refused: the write-back copies values, so an input whose
         # strides change (x.t_() on a square x) still reads as eager's; only its strides differ.
         for i, (x, shape) in enumerate(zip(inputs, before)):
@@ -207,6 +209,26 @@ def _flat_function(gm, num_inputs, state_names):
         return leaves
 
     return run, out_specs
+
+
+_INPLACE_DUNDERS = {f"__i{name}__" for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or",
+                                                 "xor", "lshift", "rshift", "matmul")} | {"__setitem__"}
+
+
+class _RefuseOverlappingWrites(TorchFunctionMode):
+    """Functionalization writes a mutated view back into its base element by element (an expanded
+    view's write-back sums its copies), so a write into a tensor whose elements share memory
+    (fill_/zero_ on an expanded view, which eager accepts) cannot be made functional: such graphs
+    run eagerly."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        inplace = (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
+        target = kwargs.get("out", args[0] if inplace and args else None)
+        if isinstance(target, torch.Tensor) and _may_overlap_itself(target):
+            raise AotUnsupported(f"{name} writes into a tensor whose elements share memory")
+        return func(*args, **kwargs)
 
 
 def _shape(x):
@@ -322,8 +344,9 @@ def _check_mutated_inputs_do_not_overlap(example_inputs, mutated):
 
 
 def _may_overlap_itself(x):
-    """Whether two elements of `x` may share memory (conservative: walks dims by stride)."""
-    if x.numel() <= 1:
+    """Whether two elements of `x` may share memory (conservative: walks dims by stride; symbolic
+    layouts are not checked)."""
+    if not all(isinstance(v, int) for v in (*x.shape, *x.stride())) or x.numel() <= 1:
         return False
     reach = 0  # the furthest offset the smaller-stride dims reach
     for stride, size in sorted((st, s) for s, st in zip(x.shape, x.stride()) if s != 1):

@@ -871,6 +871,8 @@ def cat(ctx, tensors, dim=0):
     if not parts or len(parts) > 16:
         raise Fallback("empty or very long cat")
     dim = norm_dim(dim, len(sizes))
+    if all(t.sizes[dim] == 0 for t in parts):  # nothing to load from (the result is empty)
+        raise Fallback("every part is empty along the cat dim")
     offsets, start = [], 0
     for t in parts:
         offsets.append(start)

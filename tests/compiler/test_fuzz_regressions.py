@@ -79,3 +79,26 @@ def test_float_int_float_round_trip_keeps_positive_zero():
     def fn(a):
         return torch.atan2(a.to(torch.int32), torch.clamp(a, -1.25, 1))
     check(fn, lambda: (torch.tensor([-0.25, 0.5, -1.0, 0.25, -0.75]),))
+
+
+def test_fill_through_an_expanded_view_of_an_input_is_not_summed():
+    # functionalization writes an expanded view back into its base by summing the copies
+    # (fill_(2) through a 2x expand made 4): such writes now run eagerly
+    def fn(a):
+        a.expand(2, 2, 4).fill_(2)
+        return a + 1
+    check(fn, lambda: (torch.zeros(2, 4),))
+    check(fn, lambda: (torch.zeros(2, 4, dtype=torch.bool),))  # bool: the sum even failed to trace
+
+
+def test_cat_of_parts_all_empty_along_the_dim():
+    def fn(a):
+        return torch.sin(torch.cat([a, a], 2))
+    check(fn, lambda: (torch.ones(9, 3, 0, 4, dtype=torch.int32),))
+
+
+def test_tanh_and_erf_keep_negative_zero():
+    # kiln's vectorized tanh/erf gave +0.0 for -0.0; 1/x then flips -inf to inf
+    def fn(a):
+        return 1 / torch.tanh(a), 1 / torch.erf(a)
+    check(fn, lambda: (torch.tensor([-0.0, 0.0, -0.5, 2.0]),), exact=False)
