@@ -554,6 +554,8 @@ def view(ctx, x, sizes, *unused):
     sizes = out_sizes(ctx)
     if x.view is not None:
         strides = view_strides(x.view.layout, sizes)
+        if strides is None:
+            strides = traced_view_strides(ctx, x.view.layout)
         if strides is not None:
             return ir.view_value(x.view.name, ir.Layout(sizes, strides, x.dtype, x.view.layout.offset))
     index_map = split_only_map(x.sizes, sizes)
@@ -564,6 +566,17 @@ def view(ctx, x, sizes, *unused):
         raise Fallback("a reshape kiln cannot express as a view of symbolic sizes")
     base = ctx.realize(x, ir.Layout(x.sizes, ir.contiguous_strides(x.sizes), x.dtype))
     return view(ctx, base, sizes)
+
+
+def traced_view_strides(ctx, layout):
+    """The strides the trace gave an aten.view whose input had `layout` there too, or None. Covers
+    views whose sizes sympy cannot match up (s0 * s1 // 4 from a -1 over symbolic sizes)."""
+    node = ctx.current_node
+    src = node.args[0].meta.get("val") if node.target is aten.view.default else None
+    if not isinstance(src, torch.Tensor) or (tuple(ir.size_expr(s) for s in src.shape) != tuple(layout.sizes)
+                                             or tuple(ir.size_expr(s) for s in src.stride()) != tuple(layout.strides)):
+        return None
+    return tuple(ir.size_expr(s) for s in ctx.out_meta().stride())
 
 
 def view_strides(layout, new_sizes):

@@ -2,7 +2,8 @@
 
 Everything is decided at compile time; per call the wrapper allocates outputs (eager's strides)
 and one workspace, calls each native entry once with data pointers, calls aten for externs, and
-returns the outputs.
+returns the outputs. With dynamic shapes it first reads each size symbol from an input
+(`s0 = arg0.size(1)`); sizes, strides and extern arguments are Python expressions over them.
 """
 import ctypes
 import math

@@ -1,8 +1,9 @@
 """C++/OpenMP code for a scheduled program: one translation unit, no torch headers.
 
 Each run of kernels with no extern call between them becomes one `extern "C"` entry taking raw
-pointers; the wrapper calls it once. Inside, a kernel is an OpenMP-parallel loop over its outer
-points (when the work is big enough) with `#pragma omp simd` innermost loops; reductions
+pointers (and, with dynamic shapes, the size symbols its loops use as int64_t); the wrapper calls
+it once. Inside, a kernel is an OpenMP-parallel loop over its outer points (when the work is big
+enough: decided when it runs if its sizes are symbolic) with `#pragma omp simd` innermost loops; reductions
 accumulate in registers (`omp simd reduction` where reassociation is allowed); values that
 never leave the kernel stay in registers. No -ffast-math: NaN/inf follow IEEE as eager does,
 and the helpers below give max/min/floor-division/remainder eager's exact semantics.
