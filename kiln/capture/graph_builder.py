@@ -93,6 +93,7 @@ class OutputGraph:
         self.grad_enabled = torch.is_grad_enabled()
         self.guards.add(None, f"{self.guards.const(torch.is_grad_enabled, 'GRAD')}() is {self.grad_enabled}",
                         f"torch.is_grad_enabled() is {self.grad_enabled}")
+        self.guards.autocast_match()
 
     @property
     def shape_env(self):

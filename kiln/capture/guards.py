@@ -88,6 +88,17 @@ class GuardSet:
         self.add(source, f"type(v) is {self.const(type(value), 'T')} and tuple(v) == {keys}",
                  f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
 
+    def autocast_match(self):
+        """The autocast state around the call: fake tensors took their dtypes from it, and code may
+        branch on those (one cheap check while autocast is off, the common case)."""
+        anyac = self.const(torch._C._is_any_autocast_enabled, "ANYAC")
+        state = autocast_state()
+        if state is None:
+            self.add(None, f"not {anyac}()", "autocast is off")
+        else:
+            self.add(None, f"{anyac}() and {self.const(autocast_state, 'ACSTATE')}() == {self.const(state, 'AC')}",
+                     f"autocast state is {state}")
+
     def aliases(self, source, other):
         self.add(source, f"v is {other.expr(self.ctx)}", f"{source!r} is {other!r}")
 
@@ -151,6 +162,14 @@ def _substitute_v(check, v):
 def _fn(name, lines, on_error):
     inner = "\n".join("        " + line for line in lines)
     return f"def {name}(F, L):\n    try:\n{inner}\n    except Exception:\n        return {on_error}\n"
+
+
+def autocast_state():
+    """None while autocast is off everywhere, else (device, enabled, dtype) per device and the cache flag."""
+    if not torch._C._is_any_autocast_enabled():
+        return None
+    devices = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
+    return devices + (torch.is_autocast_cache_enabled(),)
 
 
 def _short(obj):

@@ -442,7 +442,7 @@ class Frame:
     def SET_UPDATE(self, inst):
         v = self.pop()
         target = self.stack[-inst.arg]
-        objects.set_add(target, objects.unpack_iterable(self, v))
+        objects.set_update(self, target, v)
 
     def DICT_UPDATE(self, inst):
         v = self.pop()

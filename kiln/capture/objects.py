@@ -101,6 +101,21 @@ def set_add(target, items):
         target.add(set_key(i), i)
 
 
+def set_update(frame, target, v):
+    """`target.update(v)` as CPython does it: another set's table is merged whole (which can order the
+    result differently from adding its items one by one), anything else is added item by item."""
+    if isinstance(v, SetVariable):
+        real, by_key = v.keys, v.vars
+    elif isinstance(v, ConstantVariable) and isinstance(v.value, (set, frozenset)):
+        real, by_key = v.value, {k: const(k) for k in v.value}
+    else:
+        set_add(target, unpack_iterable(frame, v))
+        return
+    target.keys.update(real)
+    for k in real:
+        target.vars.setdefault(k, by_key[k])
+
+
 def make_tuple(items):
     if all(isinstance(i, ConstantVariable) for i in items):
         return const(tuple(i.value for i in items))
@@ -810,9 +825,28 @@ def _call_torch(frame, fn, args, kwargs):
         try:
             result = og.call_op("call_function", fn, list(args), kwargs)
         except Unsupported:
-            return fold_natively(og, fn, args, kwargs)
-        return fold_natively(og, fn, args, kwargs) if isinstance(result, ConstantVariable) else result
+            return _fold_query(og, fn, args, kwargs)
+        return _fold_query(og, fn, args, kwargs) if isinstance(result, ConstantVariable) else result
     return og.call_op("call_function", fn, list(args), kwargs)
+
+
+# torch functions of constant arguments whose answer cannot change between calls
+_PURE_TORCH = {torch.promote_types, torch.can_cast, torch.broadcast_shapes, torch.is_tensor, torch.is_storage,
+               torch.typename}
+
+
+def _fold_query(og, fn, args, kwargs):
+    """A torch call without tensors answered now (torch.get_default_dtype(), torch.get_num_threads()):
+    unless it is pure, a guard asks it again on every call, so a changed global setting recompiles."""
+    result = fold_natively(og, fn, args, kwargs)
+    if _key(fn) in _PURE_TORCH:
+        return result
+    value = const_value(result, f"the answer of {getattr(fn, '__name__', fn)}")
+    g = og.guards
+    call = f"{g.const(fn, 'Q')}(*{g.const(const_value(make_tuple(list(args))), 'QA')}, " \
+           f"**{g.const({k: const_value(v) for k, v in kwargs.items()}, 'QK')})"
+    g.add(None, f"{call} == {g.const(value, 'QR')}", f"{getattr(fn, '__qualname__', fn)}(...) == {value!r}")
+    return result
 
 
 def _leaves(args, kwargs):

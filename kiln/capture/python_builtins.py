@@ -10,7 +10,7 @@ import operator
 import torch
 
 from kiln.capture.objects import (apply_operator, call, const_value, describe, dict_items, dict_key, fold_natively,
-                                  getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key,
+                                  getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
                                     IteratorVariable, ListVariable, MethodVariable, ObjectVariable, SetVariable,
@@ -29,7 +29,8 @@ def call_method(frame, obj, name, args, kwargs):
         if name == "add":
             set_add(obj, [args[0]])
         elif name == "update":
-            set_add(obj, [i for a in args for i in unpack_iterable(frame, a)])
+            for a in args:
+                set_update(frame, obj, a)
         elif name == "clear":
             obj.clear()
         else:
@@ -303,7 +304,10 @@ def _b_defaultdict(frame, args, kwargs):
 
 
 def _b_set(frame, args, kwargs):
-    return new_set(unpack_iterable(frame, args[0]) if args else [])
+    out = new_set([])
+    if args:
+        set_update(frame, out, args[0])
+    return out
 
 
 def _reducing(fn):

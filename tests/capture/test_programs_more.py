@@ -669,3 +669,40 @@ def test_a_global_first_met_through_a_staticmethod_is_guarded():
         torch.testing.assert_close(compiled(torch.zeros(1)), torch.full((1,), 11.0))
     finally:
         ALIAS = _Static.bump
+
+
+def _dtype_branch(x, w):
+    y = x @ w
+    if y.dtype == torch.float32:
+        return y * 2
+    return y
+
+
+def test_autocast_around_the_call_is_guarded():
+    compiled = kiln.compile(_dtype_branch, backend=CompileCounter())
+    a, b = t(4, 4), t(4, 4)
+    torch.testing.assert_close(compiled(a, b), _dtype_branch(a, b))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = compiled(a, b), _dtype_branch(a, b)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(compiled(a, b), _dtype_branch(a, b))
+
+
+def test_global_torch_settings_read_by_the_program_are_guarded():
+    def f(x):
+        return x * torch.get_num_threads(), torch.get_default_dtype()
+    threads = torch.get_num_threads()
+    compiled = kiln.compile(f, backend=CompileCounter())
+    x = t(3)
+    assert_same_result = lambda: torch.testing.assert_close(compiled(x)[0], f(x)[0])  # noqa: E731
+    assert_same_result()
+    torch.set_num_threads(1 if threads != 1 else 2)
+    try:
+        assert_same_result()
+        torch.set_default_dtype(torch.float64)
+        assert compiled(x)[1] == torch.float64
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(torch.float32)
+    assert compiled(x)[1] == torch.float32
