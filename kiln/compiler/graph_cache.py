@@ -118,14 +118,21 @@ def graph_key(gm, example_inputs, options):
     parts = {
         "format": FORMAT,
         "versions": [torch.__version__, list(sys.version_info[:2]), _compiler_sources_hash()],
-        "modes": [torch.get_num_threads(), str(torch.get_default_dtype()), torch.is_grad_enabled(),
-                  torch.is_inference_mode_enabled()],
+        "modes": _global_modes(),
         "options": [[k, _literal(v, f"option {k}")] for k, v in sorted(options.items())],
         "code": gm.code,
         "nodes": [_node_key(gm, node, module_tensors) for node in gm.graph.nodes],
         "inputs": _inputs_key(list(example_inputs), module_tensors),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _global_modes():
+    """Process-wide settings that tracing or codegen reads (autocast changes the aten graph,
+    the thread count is baked into the kernels)."""
+    return [torch.get_num_threads(), str(torch.get_default_dtype()), torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(), torch.are_deterministic_algorithms_enabled(),
+            [[torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")]]
 
 
 @functools.lru_cache(maxsize=None)
