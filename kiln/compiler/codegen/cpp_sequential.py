@@ -39,20 +39,24 @@ def write_sequential(writer):
 
 
 def _parallel(writer, work, outer_count):
-    """Whether loops with `work` points in all, `outer_count` of them parallel, are worth threads."""
-    work = int(work) if work.is_number else writer.min_work
-    return outer_count != 1 and work >= writer.min_work and writer.threads > 1
+    """The OpenMP clauses for loops with `work` points in all, `outer_count` of them split among
+    threads, or None when threads do not pay (symbolic sizes: decided when the kernel runs)."""
+    if outer_count == 1 or writer.threads < 2:
+        return None
+    if not work.is_number:
+        return f" num_threads({writer.threads}) if({cindex(sympy.expand(work))} >= {writer.min_work})"
+    return f" num_threads({writer.threads})" if int(work) >= writer.min_work else None
 
 
-def _loops(names, sizes, body, indent, parallel_count, threads):
-    """for-loops over `names` (outermost first), the first `parallel_count` split among threads;
-    `body` is indented for the innermost level."""
+def _loops(names, sizes, body, indent, parallel_count=0, clauses=None):
+    """for-loops over `names` (outermost first), the first `parallel_count` split among threads
+    (with `clauses`); `body` is indented for the innermost level."""
     lines = []
     for k, (v, s) in enumerate(zip(names, sizes)):
         pad = "  " * (indent + k)
-        if k == 0 and parallel_count:
-            clause = f" collapse({parallel_count})" if parallel_count > 1 else ""
-            lines.append(f"{pad}#pragma omp parallel for{clause} num_threads({threads})")
+        if k == 0 and parallel_count and clauses is not None:
+            collapse = f" collapse({parallel_count})" if parallel_count > 1 else ""
+            lines.append(f"{pad}#pragma omp parallel for{collapse}{clauses}")
         lines.append(f"{pad}for (int64_t {v} = 0; {v} < {cindex(s)}; ++{v}) {{")
     lines += body
     for k in reversed(range(len(names))):
@@ -108,9 +112,9 @@ def _scan(writer, node):
     result = f"{acc}_i" if plan.scan_type in ("argmax", "argmin") else acc
     inner.append("  " * (indent + 1) + f"{node.name}[{cindex(node.store_index)}] = "
                  f"{_store(node.layout.dtype, result)};")
-    body += _loops(["r0"], node.reduction_sizes, inner, indent, 0, writer.threads)
-    parallel = _parallel(writer, node.numel * node.rnumel, node.numel) and outer
-    return _loops([v.name for v in outer], node.sizes, body, 2, len(outer) if parallel else 0, writer.threads)
+    body += _loops(["r0"], node.reduction_sizes, inner, indent)
+    clauses = _parallel(writer, node.numel * node.rnumel, node.numel)
+    return _loops([v.name for v in outer], node.sizes, body, 2, len(outer), clauses)
 
 
 # ---- scatter ------------------------------------------------------------------------------------
@@ -126,9 +130,8 @@ def _scatter(writer, node):
     printer = ExprPrinter(init_lines, indent, writer.pointers, {})
     init_lines.append("  " * indent + f"{node.name}[{cindex(node.store_index)}] = "
                       f"{_store(dtype, printer.expr(node.body))};")
-    parallel = _parallel(writer, node.numel, node.numel)
-    lines = _loops([v.name for v in outer], node.sizes, init_lines, 2, len(outer) if parallel else 0,
-                   writer.threads)
+    clauses = _parallel(writer, node.numel, node.numel)
+    lines = _loops([v.name for v in outer], node.sizes, init_lines, 2, len(outer), clauses)
     return lines + _scatter_loops(writer, node)
 
 
@@ -144,10 +147,10 @@ def _scatter_loops(writer, node):
     passes.append(_scatter_point(writer, node, indent + len(ser), identity=False))
     body = []
     for point in passes:
-        body += _loops(ser, ser_sizes, point, indent, 0, writer.threads)
+        body += _loops(ser, ser_sizes, point, indent)
     work = ir.sympy_product(plan.source_sizes)
-    parallel = par and _parallel(writer, work, ir.sympy_product(par_sizes))
-    return _loops(par, par_sizes, body, 2, len(par) if parallel else 0, writer.threads)
+    clauses = _parallel(writer, work, ir.sympy_product(par_sizes))
+    return _loops(par, par_sizes, body, 2, len(par), clauses)
 
 
 def _scatter_point(writer, node, indent, identity):
