@@ -209,6 +209,9 @@ def contains(frame, container, item):
             if isinstance(i, ConstantVariable) and isinstance(item, ConstantVariable) and i.value == item.value:
                 return True
         return False
+    if isinstance(container, (ObjectVariable, FreshObjectVariable)) and \
+            _python_dunder(container.python_type(), "__contains__"):
+        return truth(frame, call(frame, getattr_var(frame, container, "__contains__"), [item], {}))
     if isinstance(container, (ConstantVariable, ObjectVariable)) and isinstance(item, ConstantVariable):
         if _opaque(container):
             raise Unsupported(f"`in` over a {type(container.value).__qualname__} known only by its type")

@@ -706,3 +706,34 @@ def test_global_torch_settings_read_by_the_program_are_guarded():
         torch.set_num_threads(threads)
         torch.set_default_dtype(torch.float32)
     assert compiled(x)[1] == torch.float32
+
+
+class Registry(collections.abc.MutableMapping):
+    """A dict-like registry (as transformers' AttentionInterface): `in` runs its Python __contains__."""
+
+    def __init__(self, **entries):
+        self._entries = dict(entries)
+
+    def __getitem__(self, key):
+        return self._entries[key]
+
+    def __setitem__(self, key, value):
+        self._entries[key] = value
+
+    def __delitem__(self, key):
+        del self._entries[key]
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+
+def test_membership_in_a_python_mapping_follows_its_contents():
+    def f(x, reg, name):
+        if name in reg:
+            return reg[name](x)
+        return x
+    check_calls(f, [(t(3), Registry(relu=torch.relu), "relu"), (t(3), Registry(relu=torch.relu), "gelu"),
+                    (t(3), Registry(gelu=torch.nn.functional.gelu), "gelu")])
