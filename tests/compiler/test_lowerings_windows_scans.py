@@ -232,6 +232,14 @@ def test_scatter_writes_large_outputs_in_parallel_like_eager():
     i = torch.randint(0, 200, (300, 150))
     check(lambda x, s, i: x.scatter(1, i, s), x, src, i)
     check(lambda x, s, i: x.scatter_add(1, i, s), x, src, i)
+    # along dim 0 the scattered dim comes first: threads own columns, each walking the rows in order
+    i0 = torch.randint(0, 300, (300, 150))
+    check(lambda x, s, i: x.scatter(0, i, s), x, src, i0)
+    check(lambda x, s, i: x.scatter_reduce(0, i, s, "amax", include_self=False), x, src, i0)
+    w, rows = torch.randn(2000, 64), torch.randint(-2000, 2000, (600,))
+    check(lambda w, g, i: w.index_put((i,), g, accumulate=True), w, torch.randn(600, 64), rows)
+    # eager's own non-accumulating index_put is parallel here: which duplicate wins is not fixed
+    check(lambda w, g, i: w.index_put((i,), g), w, torch.randn(600, 64), torch.randperm(2000)[:600] - 1000)
 
 
 @pytest.mark.parametrize("name, bad", [("scatter_src", 6), ("scatter_src", -1), ("scatter_add", 7),

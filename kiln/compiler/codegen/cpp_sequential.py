@@ -55,8 +55,7 @@ def _loops(names, sizes, body, indent, parallel_count=0, clauses=None):
     for k, (v, s) in enumerate(zip(names, sizes)):
         pad = "  " * (indent + k)
         if k == 0 and parallel_count and clauses is not None:
-            collapse = f" collapse({parallel_count})" if parallel_count > 1 else ""
-            lines.append(f"{pad}#pragma omp parallel for{collapse}{clauses}")
+            lines.append(f"{pad}#pragma omp parallel for{_collapse(parallel_count)}{clauses}")
         lines.append(f"{pad}for (int64_t {v} = 0; {v} < {cindex(s)}; ++{v}) {{")
     lines += body
     for k in reversed(range(len(names))):
@@ -142,15 +141,39 @@ def _scatter_loops(writer, node):
     ser = [names[d] for d in plan.serial]
     par_sizes = [plan.source_sizes[d] for d in plan.parallel]
     ser_sizes = [plan.source_sizes[d] for d in plan.serial]
-    indent = 2 + len(par)
-    passes = [] if plan.include_self else [_scatter_point(writer, node, indent + len(ser), identity=True)]
-    passes.append(_scatter_point(writer, node, indent + len(ser), identity=False))
+    clauses = _parallel(writer, ir.sympy_product(plan.source_sizes), ir.sympy_product(par_sizes))
+    passes = [True, False] if not plan.include_self else [False]  # identity pass first, then the values
+    if par and ser and max(plan.serial) < min(plan.parallel):
+        return _serial_outer(writer, node, passes, ser, ser_sizes, par, par_sizes, clauses)
     body = []
-    for point in passes:
-        body += _loops(ser, ser_sizes, point, indent)
-    work = ir.sympy_product(plan.source_sizes)
-    clauses = _parallel(writer, work, ir.sympy_product(par_sizes))
+    for identity in passes:
+        point = _scatter_point(writer, node, 2 + len(par) + len(ser), identity)
+        body += _loops(ser, ser_sizes, point, 2 + len(par))
     return _loops(par, par_sizes, body, 2, len(par), clauses)
+
+
+def _serial_outer(writer, node, passes, ser, ser_sizes, par, par_sizes, clauses):
+    """The serial dims come first in memory (index_put's index dims, e.g. an embedding's
+    gradient): walk them outermost, each thread taking the same static chunk of the parallel dims
+    at every step, so an element is only ever touched by one thread, in order."""
+    if clauses is None:
+        body = []
+        for identity in passes:
+            point = _scatter_point(writer, node, 2 + len(ser) + len(par), identity)
+            body += _loops(ser, ser_sizes, _loops(par, par_sizes, point, 2 + len(ser)), 2)
+        return body
+    indent = 3
+    lines = [f"    #pragma omp parallel{clauses}", "    {"]
+    for identity in passes:
+        point = _scatter_point(writer, node, indent + len(ser) + len(par), identity)
+        inner = _loops(par, par_sizes, point, indent + len(ser))
+        pragma = "  " * (indent + len(ser)) + f"#pragma omp for{_collapse(len(par))} schedule(static) nowait"
+        lines += _loops(ser, ser_sizes, [pragma] + inner, indent)
+    return lines + ["    }"]
+
+
+def _collapse(n):
+    return f" collapse({n})" if n > 1 else ""
 
 
 def _scatter_point(writer, node, indent, identity):
