@@ -79,7 +79,11 @@ class Lookup:
             stats.uncacheable += 1
             log("perf_hints", "graph not kept in the graph cache: %s", e)
             return
-        build._write_atomically(_entry_path(self.key), _seal(entry))
+        try:
+            build._write_atomically(_entry_path(self.key), _seal(entry))
+        except OSError as e:  # a full disk costs the next process a compile, not this one its graph
+            log("perf_hints", "graph cache entry not written (%s)", e)
+            return
         stats.stores += 1
 
 
