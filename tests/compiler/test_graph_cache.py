@@ -267,5 +267,27 @@ def test_submodule_calls_are_compiled_but_not_cached(cache):
     assert counts() == (0, 0, 0) and graph_cache.stats.uncacheable == 2
 
 
+# ---- capture makes a ShapeEnv only when a size is symbolic ------------------------------------------
+@pytest.mark.parametrize("program, dynamic, expect_env", [
+    ("static", False, False), ("dynamic", True, True), ("data_dependent", False, True)])
+def test_capture_makes_a_shape_env_only_when_needed(monkeypatch, program, dynamic, expect_env):
+    import kiln
+    from kiln.capture import graph_builder
+    made = []
+
+    class CountingShapeEnv(graph_builder.ShapeEnv):
+        def __init__(self, *args, **kwargs):
+            made.append(1)
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(graph_builder, "ShapeEnv", CountingShapeEnv)
+    fn = {"static": lambda x: (x * 2).sin() + 1,
+          "dynamic": lambda x: x.sum(0) * 2,
+          "data_dependent": lambda x: torch.nonzero(x).float().sum() + x.sum()}[program]
+    x = torch.tensor([[0.0, 1.5], [-2.0, 0.0]])
+    compiled = kiln.compile(fn, backend="eager", dynamic=dynamic)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert bool(made) == expect_env
+
+
 if __name__ == "__main__":
     _child(int(sys.argv[1]))
