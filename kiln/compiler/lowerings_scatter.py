@@ -8,6 +8,10 @@ so those run in order, last write winning as in eager's CPU kernels, and the res
 Indices out of range raise when the kernel runs (index_put counts negative indices from the
 end, scatter does not), as eager does.
 """
+import dataclasses
+import functools
+from typing import Callable
+
 import sympy
 import torch
 
@@ -39,45 +43,91 @@ def scatter_value(src, dtype):
     return lambda q: value
 
 
-def scatter_along(ctx, x, dim, index, value_fn, mode, include_self=True, init_fn=None):
-    """x with value_fn(q) combined (mode) at x[q with q[dim] replaced by index[q]], for each index point q."""
+@dataclasses.dataclass
+class AlongDim:
+    """A scatter along one dim: source point q lands at q with q[dim] replaced by pick(q)."""
+    dim: int
+    source_sizes: tuple
+    pick: Callable  # source index -> the int64 position along dim
+
+    def scatter(self, ctx, x, value_fn, mode, include_self=True, init_fn=None):
+        """x with value_fn(q) combined (mode) at the target of each source point q."""
+        def target(q):
+            return tuple(cast(self.pick(q), I64) if d == self.dim else q[d] for d in range(x.ndim))
+        data = ir.Scatter(tuple(x.sizes), init_fn or (lambda idx: x.loader(idx)), tuple(self.source_sizes), target,
+                          value_fn, mode, include_self, (self.dim,))
+        return sequential_buffer(ctx, x.sizes, x.dtype, data)
+
+    def reduce(self, ctx, x, value_fn, reduce, include_self):
+        """scatter_reduce / index_reduce: `reduce` is sum, prod, mean, amax or amin."""
+        if reduce not in REDUCE_MODES:
+            raise Fallback(f"reduce {reduce}")
+        out = self.scatter(ctx, x, value_fn, REDUCE_MODES[reduce], include_self)
+        if reduce != "mean":
+            return out
+        # eager: count the values each element got (self counting once if included), 0 counts as 1
+        start = const(1 if include_self else 0, x.dtype)
+        count = self.scatter(ctx, x, lambda q: const(1, x.dtype), "sum", init_fn=lambda idx: start)
+        name = "truediv" if x.dtype.is_floating_point else "floordiv"
+
+        def fn(idx):
+            n = count.loader(idx)
+            n = op("where", op("eq", n, const(0, x.dtype), dtype=torch.bool), const(1, x.dtype), n)
+            return op(name, out.loader(idx), n)
+        return TensorValue(x.sizes, x.dtype, fn)
+
+
+def scatter_dim(x, dim, index):
+    """scatter's placement: index has x's rank, each of its points names a position along dim."""
     check_target(x)
     if index.ndim != x.ndim:
         raise Fallback("scatter with an index of another rank")
-    dim = norm_dim(dim, x.ndim)
+    return AlongDim(norm_dim(dim, x.ndim), tuple(index.sizes), index.loader)
 
-    def target(q):
-        return tuple(cast(index.loader(q), I64) if d == dim else q[d] for d in range(x.ndim))
-    data = ir.Scatter(tuple(x.sizes), init_fn or (lambda idx: x.loader(idx)), tuple(index.sizes), target,
-                      value_fn, mode, include_self, (dim,))
-    return sequential_buffer(ctx, x.sizes, x.dtype, data)
+
+def one_element_row(v):
+    """A 0-d tensor value as a 1-element row (anything else as it is)."""
+    if not isinstance(v, TensorValue) or v.ndim:
+        return v
+    return TensorValue((ONE,), v.dtype, lambda idx: v.loader(()))
+
+
+def zero_d_as_row(lowering):
+    """`lowering(ctx, x, dim, ...)` on a 0-d x: run on 1-element rows along dim 0, result back to 0-d."""
+    @functools.wraps(lowering)
+    def lower(ctx, x, dim, *args, **kwargs):
+        if x.ndim:
+            return lowering(ctx, x, dim, *args, **kwargs)
+        row = lowering(ctx, one_element_row(x), 0, *(one_element_row(a) for a in args), **kwargs)
+        return TensorValue((), row.dtype, lambda idx: row.loader((ZERO,)))
+    return lower
 
 
 @register(aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter.reduce,
           aten.scatter.value_reduce)
+@zero_d_as_row
 def scatter(ctx, x, dim, index, src, reduce=None):
     target = ctx.current_node.target
     mode = "sum" if target == aten.scatter_add.default else (REDUCE_MODES[reduce] if reduce else None)
-    return scatter_along(ctx, x, dim, index, scatter_value(src, x.dtype), mode)
+    return scatter_dim(x, dim, index).scatter(ctx, x, scatter_value(src, x.dtype), mode)
 
 
 @register(aten.scatter_reduce.two)
+@zero_d_as_row
 def scatter_reduce(ctx, x, dim, index, src, reduce, include_self=True):
-    if reduce not in REDUCE_MODES:
-        raise Fallback(f"scatter_reduce {reduce}")
-    out = scatter_along(ctx, x, dim, index, scatter_value(src, x.dtype), REDUCE_MODES[reduce], include_self)
-    if reduce != "mean":
-        return out
-    # eager: count the values each element got (self counting once if included), 0 counts as 1
-    start = const(1 if include_self else 0, x.dtype)
-    count = scatter_along(ctx, x, dim, index, lambda q: const(1, x.dtype), "sum", init_fn=lambda idx: start)
-    name = "truediv" if x.dtype.is_floating_point else "floordiv"
+    return scatter_dim(x, dim, index).reduce(ctx, x, scatter_value(src, x.dtype), reduce, include_self)
 
-    def fn(idx):
-        n = count.loader(idx)
-        n = op("where", op("eq", n, const(0, x.dtype), dtype=torch.bool), const(1, x.dtype), n)
-        return op(name, out.loader(idx), n)
-    return TensorValue(x.sizes, x.dtype, fn)
+
+@register(aten.index_reduce.default)
+@zero_d_as_row
+def index_reduce(ctx, x, dim, index, source, reduce, include_self=True):
+    """source's slices along dim reduced into x at the positions index (1-d) names."""
+    check_target(x)
+    if index.ndim > 1 or source.ndim != x.ndim:
+        raise Fallback("index_reduce of unexpected ranks")
+    dim = norm_dim(dim, x.ndim)
+    along = AlongDim(dim, tuple(source.sizes), lambda q: index.loader((q[dim],) if index.ndim else ()))
+    return along.reduce(ctx, x, scatter_value(source, x.dtype), reduce, include_self)
 
 
 def wrapped(value, size):

@@ -350,3 +350,18 @@ def test_half_dtypes_pool_and_scan_in_float(dtype):
     check(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x)
     check(lambda x: (F.avg_pool2d(x, 3, 2, 1), F.adaptive_avg_pool2d(x, (4, 5))), x)
     check(lambda x: (torch.cumsum(x, -1), torch.cummax(x, 2), torch.logcumsumexp(x, 1)), x)
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_index_reduce(reduce, include_self, dtype):
+    x, src, i, i0 = scatter_inputs(dtype)
+    check(lambda x, s, i: x.index_reduce(1, i[0], s[:, :5], reduce, include_self=include_self), x, src, i)
+    check(lambda x, s, i: x.index_reduce(-2, i[0], s.repeat(2, 1)[:5], reduce, include_self=include_self), x, src, i0)
+
+
+def test_scatters_into_0d_tensors():
+    x, s, i = torch.tensor(1.5), torch.tensor(-2.0), torch.tensor(0)
+    check(lambda x, s, i: (x.scatter(0, i, s), x.scatter_add(-1, i, s), x.scatter_reduce(0, i, s, "amax")), x, s, i)
+    check(lambda x, s, i: x.index_reduce(0, i[None], s, "mean", include_self=False), x, s, i)
