@@ -425,7 +425,9 @@ def _map_vars(fn, tree):
     """Map Variables inside nested tuples/lists/dicts (containers of Variables become real containers)."""
     if isinstance(tree, (TupleVariable,)):
         vals = [_map_vars(fn, v) for v in tree.items]
-        return tree.cls(*vals) if hasattr(tree.cls, "_fields") else tree.cls(vals) if tree.cls is not tuple else tuple(vals)
+        if tree.cls in (tuple, torch.Size):  # a symbolic Size is a tuple of its size nodes to fx
+            return tuple(vals)
+        return tree.cls(*vals) if hasattr(tree.cls, "_fields") else tree.cls(vals)
     if isinstance(tree, ListVariable):
         return [_map_vars(fn, v) for v in tree.items]
     if isinstance(tree, DictVariable):

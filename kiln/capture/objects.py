@@ -122,6 +122,17 @@ def make_tuple(items):
     return TupleVariable(items)
 
 
+def _tuple_like(operands, items):
+    """The result of slicing, adding or repeating tuples: a torch.Size when an operand is one (as
+    torch.Size's own operators return), else a plain tuple."""
+    if any(isinstance(v, TupleVariable) and v.cls is torch.Size or
+           isinstance(v, ConstantVariable) and type(v.value) is torch.Size for v in operands):
+        if all(isinstance(i, ConstantVariable) for i in items):
+            return const(torch.Size([i.value for i in items]))
+        return TupleVariable(items, cls=torch.Size)
+    return make_tuple(items)
+
+
 def result_var(og, value):
     """Wrap the Python result of something run natively at capture time (a constant fold)."""
     if is_constant(value):
@@ -262,11 +273,11 @@ def apply_operator(frame, op, args):
                 return ListVariable(a.items + b.items)
         if op in (operator.add, operator.iadd) and isinstance(a, (TupleVariable, ConstantVariable)) and \
                 isinstance(b, (TupleVariable, ConstantVariable)) and _is_tuple(a) and _is_tuple(b):
-            return make_tuple(unpack_iterable(frame, a) + unpack_iterable(frame, b))
+            return _tuple_like([a, b], unpack_iterable(frame, a) + unpack_iterable(frame, b))
         if op in (operator.mul, operator.imul) and isinstance(a, (ListVariable, TupleVariable)) and \
                 isinstance(b, ConstantVariable) and type(b.value) is int:
             items = a.items * b.value
-            return ListVariable(items) if isinstance(a, ListVariable) else make_tuple(items)
+            return ListVariable(items) if isinstance(a, ListVariable) else _tuple_like([a], items)
         if op in (operator.eq, operator.ne):
             if isinstance(a, (ObjectVariable, ConstantVariable)) and isinstance(b, (ObjectVariable, ConstantVariable)) \
                     and not _opaque(a, b):
@@ -350,7 +361,7 @@ def getitem(frame, obj, key):
         k = const_value(key, "index")
         if isinstance(k, slice):
             items = obj.items[k]
-            return ListVariable(items) if isinstance(obj, ListVariable) else make_tuple(items)
+            return ListVariable(items) if isinstance(obj, ListVariable) else _tuple_like([obj], items)
         try:
             return obj.items[k]
         except (IndexError, TypeError) as e:

@@ -48,6 +48,8 @@ def call_method(frame, obj, name, args, kwargs):
             raise Unsupported(f"{obj.cls.__qualname__}._replace got unexpected fields")
         fields.update(kwargs)
         return TupleVariable(list(fields.values()), cls=obj.cls)
+    if isinstance(obj, TupleVariable) and obj.cls is torch.Size and name == "numel":
+        return _b_prod(frame, [obj], {})  # symbolic sizes stay symbolic
     if isinstance(obj, (TupleVariable, SetVariable)):
         if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
                     "intersection", "difference"):
@@ -465,6 +467,14 @@ def _b_chain_from_iterable(frame, args, kwargs):
     return IteratorVariable([i for it in unpack_iterable(frame, args[0]) for i in unpack_iterable(frame, it)])
 
 
+def _b_prod(frame, args, kwargs):
+    """math.prod over Variables, so a product of symbolic sizes stays symbolic instead of pinned."""
+    result = kwargs.get("start", const(1))
+    for item in unpack_iterable(frame, args[0]):
+        result = apply_operator(frame, operator.mul, [result, item])
+    return result
+
+
 def _b_sorted(frame, args, kwargs):
     items = unpack_iterable(frame, args[0])
     lst = ListVariable(items)
@@ -491,6 +501,7 @@ BUILTIN_HANDLERS = {
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
     math.floor: _b_numeric(math.floor), math.ceil: _b_numeric(math.ceil), math.sqrt: _b_numeric(math.sqrt),
+    math.prod: _b_prod,
     **{fn: _b_itertools(fn, which) for fn, which in _ITERTOOLS.items()},
     itertools.chain.from_iterable: _b_chain_from_iterable, itertools.accumulate: _b_accumulate,
 }

@@ -737,3 +737,11 @@ def test_membership_in_a_python_mapping_follows_its_contents():
         return x
     check_calls(f, [(t(3), Registry(relu=torch.relu), "relu"), (t(3), Registry(relu=torch.relu), "gelu"),
                     (t(3), Registry(gelu=torch.nn.functional.gelu), "gelu")])
+
+
+def test_dynamic_shapes_passed_whole_to_ops_and_sliced():
+    def f(x):
+        s = x.shape
+        return (x.new_zeros(s), x.view(s), torch.zeros(s[:1] + (2,)), s[-2:], s[:1] + (5,), (1,) + s,
+                x.view(*s[:-1], 2, -1), x.reshape(math.prod(s)), x.new_ones(s.numel()))
+    check_calls(f, [(t(2, 4),), (t(3, 6),), (t(4, 8),), (t(5, 10),)], graphs=2)
