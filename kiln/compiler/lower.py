@@ -34,7 +34,8 @@ def sym_layout(t):
 
 def symbol_sources(placeholders):
     """{symbol: Python source that reads it from the graph's inputs (arg0, arg1, ...)}: for each
-    free symbol, the first input size, stride or SymInt input that is exactly it."""
+    free symbol, the first input size, stride, storage offset or SymInt input that is exactly it.
+    The wrapper reads only those its code uses."""
     sources = {}
 
     def offer(value, source):
@@ -50,6 +51,7 @@ def symbol_sources(placeholders):
                 offer(s, f"{arg}.size({d})")
             for d, s in enumerate(val.stride()):
                 offer(s, f"{arg}.stride({d})")
+            offer(val.storage_offset(), f"{arg}.storage_offset()")
     return sources
 
 

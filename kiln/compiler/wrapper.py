@@ -7,6 +7,7 @@ returns the outputs. With dynamic shapes it first reads each size symbol from an
 """
 import ctypes
 import math
+import re
 
 import sympy
 import torch
@@ -61,8 +62,6 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
     inputs = [f"arg{i}" for i in range(num_inputs)]
     src.lines.append(f"def kiln_graph({', '.join(inputs)}):")
     src.globals.setdefault("math", math)  # size expressions may print math.floor/ceil
-    for sym, source in sorted((symbols or {}).items(), key=lambda item: item[0].name):
-        src.line(f"{sym.name} = {source}")
     for name, buf in buffers.items():
         if isinstance(buf, ir.ConstantBuffer):
             src.line(f"{name} = {src.constant(buf.value, 'attr')}")
@@ -120,10 +119,18 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
         else:
             outs.append(value)
     src.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    _bind_symbols(src, symbols or {})
     code = "\n".join(src.lines) + "\n"
     scope = dict(src.globals)
     exec(compile(code, "<kiln wrapper>", "exec"), scope)
     return scope["kiln_graph"], code
+
+
+def _bind_symbols(src, symbols):
+    """Read, first thing in the call, each size symbol the wrapper's lines use from its input."""
+    used = set(re.findall(r"\b[a-z]+\d+\b", "\n".join(src.lines)))
+    src.lines[1:1] = [f"    {sym.name} = {source}" for sym, source in sorted(symbols.items(), key=lambda kv: kv[0].name)
+                      if sym.name in used]
 
 
 def _sequence(items, is_list=False):
