@@ -42,6 +42,18 @@ class ExplainOutput:
     __repr__ = __str__
 
 
+def _guards_of(entries):
+    """Every entry's guards; a global-state guard (grad mode, autocast) that each frame repeats is listed once."""
+    seen, out = set(), []
+    for g in (g for e in entries for g in e.guards):
+        if g.source is None:
+            if g.text in seen:
+                continue
+            seen.add(g.text)
+        out.append(g)
+    return out
+
+
 def explain(fn, *args, **kwargs):
     """`explain(fn)(*args)` (or `explain(fn, *args)`): graphs, breaks with file:line, ops, guards."""
     if not args and not kwargs:
@@ -73,8 +85,7 @@ def explain(fn, *args, **kwargs):
             seen.add((e.break_reason.msg, e.break_reason.where))
             reasons.append(BreakReason(e.break_reason.msg, e.break_reason.where))
     reasons += [BreakReason(r, None) for r in eager]
-    guards = [g for e in entries for g in e.guards]
-    out = ExplainOutput(graphs, reasons, guards, eager)
+    out = ExplainOutput(graphs, reasons, _guards_of(entries), eager)
     print(out)
     return out
 

@@ -95,3 +95,10 @@ def test_explain_module_with_a_break(capsys):
             return self.b(y)
     explanation = kiln.explain(M())(torch.randn(2, 3))
     assert explanation.graph_count == 2 and explanation.graph_break_count == 1
+
+
+@pytest.mark.kiln_only
+def test_global_state_guards_listed_once_across_frames():
+    explanation = kiln.explain(one_break)(torch.randn(3))
+    grad_guards = [str(g) for g in explanation.guards if "is_grad_enabled" in str(g)]
+    assert len(grad_guards) == 1, grad_guards
