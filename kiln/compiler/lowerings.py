@@ -464,9 +464,13 @@ def squeeze(ctx, x, dims=None):
 @register(aten.select.int, aten.select_copy.int)
 def select(ctx, x, dim, index):
     dim = norm_dim(dim, x.ndim)
-    index = index + x.sizes[dim] if index < 0 else index
+    index = sympy.sympify(index)  # an int, or a size expression (x[x.size(0) - 1])
+    if not _nonnegative(index):
+        if not index.is_number:
+            raise Fallback("a select index that may be negative")
+        index = index + x.sizes[dim]
     return view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
-                    lambda idx: list(idx[:dim]) + [sympy.Integer(index)] + list(idx[dim:]))
+                    lambda idx: list(idx[:dim]) + [index] + list(idx[dim:]))
 
 
 @register(aten.slice.Tensor, aten.slice_copy.Tensor)

@@ -96,9 +96,9 @@ def test_softmax_over_a_symbolic_dim():
     lambda x: x.reshape(-1, 4) * 2, lambda x: x.flatten() + 1, lambda x: x.permute(1, 0) * x.t(),
     lambda x: x[:, 1:-1] * 3, lambda x: x[1:] - x[:-1], lambda x: x[::2].exp(),
     lambda x: x.unsqueeze(1).expand(-1, 3, -1) + 0.5, lambda x: x.view(x.size(0), 2, -1).sum(1),
-    lambda x: x.transpose(0, 1).contiguous().view(-1) * 2,
+    lambda x: x.transpose(0, 1).contiguous().view(-1) * 2, lambda x: x[-1] * x[0] + x[:, -2].sum(),
 ], ids=["reshape", "flatten", "permute", "slice_inner", "slice_diff", "slice_step", "expand", "view_sym",
-        "transpose_contiguous"])
+        "transpose_contiguous", "select_negative"])
 def test_views_with_symbolic_sizes(op):
     graph = check_sizes(op, lambda n: (randn(n + 1, 8),), SIZES)
     assert not graph.kiln_fallbacks  # views are index maps, even -1 over two symbols (s0 * s1 // 4)
