@@ -7,6 +7,8 @@ the reduction's identity. Adaptive windows vary in size (start = floor(o*in/out)
 ceil((o+1)*in/out)): the loop covers the largest and masks the rest; when in % out == 0 they are
 one fixed window. Max pooling's indices follow eager's CPU kernel: the first value above all
 earlier ones, any NaN taking over, and the window's first valid position when no value beats -inf.
+A window of a few offsets (3x3) is unrolled into one pointwise expression instead of a reduction
+loop, so the loop over output points vectorizes and fuses like any pointwise op.
 """
 import dataclasses
 import functools
@@ -83,7 +85,7 @@ class Window:
         return [w.size for w in self.dims]
 
     def count(self, idx):
-        """The number of positions in output idx's window (int64 Expr), padding excluded."""
+        """The number of positions in output idx's window (int64 Expr): adaptive pooling's divisor."""
         count = None
         for w, o in zip(self.dims, idx[self.batch:]):
             length = op("sub", w.end(o), w.start(o)) if w.end is not None else i64(w.size)
