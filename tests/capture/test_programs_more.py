@@ -745,3 +745,27 @@ def test_dynamic_shapes_passed_whole_to_ops_and_sliced():
         return (x.new_zeros(s), x.view(s), torch.zeros(s[:1] + (2,)), s[-2:], s[:1] + (5,), (1,) + s,
                 x.view(*s[:-1], 2, -1), x.reshape(math.prod(s)), x.new_ones(s.numel()))
     check_calls(f, [(t(2, 4),), (t(3, 6),), (t(4, 8),), (t(5, 10),)], graphs=2)
+
+
+# ---- the same programs through kiln's own compiler (backend "inductor") ---------------------------
+INDUCTOR_PY = [c for c in PY_CASES if c[0] in (mutates_its_arguments, dict_ops, generator_into_tuple_and_max,
+                                                 iteration_builtins, closure_nonlocal)]
+INDUCTOR_MODULES = [c for c in MODULE_CASES if not hasattr(c, "marks") and c[0] in
+                    ("buffers_and_counters", "convnet_train_eval", "submodule_swaps", "hooks")]
+
+
+@pytest.mark.parametrize("fn, calls", INDUCTOR_PY, ids=[c[0].__name__ for c in INDUCTOR_PY])
+def test_python_program_inductor(fn, calls):
+    check_calls(fn, calls, backend="inductor", rtol=1e-4, atol=1e-5)
+
+
+def _inductor_module_case(case):
+    if case[0] == "convnet_train_eval":  # dropout in training mode
+        return pytest.param(*case[1:], id=case[0], marks=pytest.mark.torch_differs(
+            "inductor's dropout draws other random numbers than eager"))
+    return _module_case(case)
+
+
+@pytest.mark.parametrize("make, calls, between", [_inductor_module_case(c) for c in INDUCTOR_MODULES])
+def test_module_program_inductor(make, calls, between):
+    check_module_calls(make, calls, between, backend="inductor")
