@@ -76,7 +76,7 @@ def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm):
     _check_bound(graph, aten_gm)
     program = build_program(graph, options)
     offsets, ws_size = workspace_plan(program)
-    symbols = sorted(s.name for s in graph.symbol_sources)
+    symbols = sorted(graph.symbol_sources, key=str)
     source, entries = cpp.generate(program, offsets, options, symbols)
     lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
     fn, wrapper_source = wrapper.build(program, entries, lib, ws_size, len(example_inputs), graph.symbol_sources)
@@ -117,10 +117,10 @@ def _has_symbolic_sizes(gm):
 
 def _unsupported_symbols(gm):
     """Why the loop IR cannot take this graph's symbolic values, or None. Kernels take sizes over
-    input-backed symbols (s0, s1, ...) as arguments; a size read from tensor data (an unbacked
-    symbol, u0) or a symbolic float or bool has no place in them."""
+    input-backed symbols (s0, s1, ...) as arguments, and floats computed from them; a size read from
+    tensor data (an unbacked symbol, u0) or a symbolic bool has no place in them."""
     for val in _symbolic_values(gm):
-        if not isinstance(val, torch.SymInt):
+        if isinstance(val, torch.SymBool):
             return f"a symbolic {type(val).__name__} ({val.node.expr})"
         unbacked = [s for s in val.node.expr.free_symbols if not s.name.startswith("s")]
         if unbacked:

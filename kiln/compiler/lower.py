@@ -11,6 +11,7 @@ import operator
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
 from kiln.compiler.lowerings import LOWERINGS, Fallback, LoweringContext
@@ -67,7 +68,8 @@ class GraphLowering(LoweringContext):
         self.outputs = []           # per graph output: ("buffer", name, layout) | ("value", python)
         self.fallbacks = []         # names of aten ops that went to aten
         self.env = {}
-        # size symbol -> Python source reading it from the inputs (empty for static graphs)
+        # size symbol -> Python source reading it from the inputs (empty for static graphs); float
+        # symbols (not integer) -> Python source computing them from the size symbols
         self.symbol_sources = {}
 
     # ---- buffers -------------------------------------------------------------------------
@@ -126,6 +128,8 @@ class GraphLowering(LoweringContext):
         if isinstance(node.meta.get("val"), torch.SymInt):
             # a size computed from sizes (sym_size, s0 * 2, ...): its expression over the symbols
             return ir.size_expr(node.meta["val"])
+        if isinstance(node.meta.get("val"), torch.SymFloat):
+            return self.float_symbol(node.meta["val"])
         args, kwargs = pytree.tree_map(self.lookup, (node.args, node.kwargs))
         lowering = LOWERINGS.get(node.target)
         reason = "no kiln lowering" if lowering is None else self.fallback_reason(node)
@@ -149,6 +153,13 @@ class GraphLowering(LoweringContext):
         if any(isinstance(t, torch.Tensor) and t.dtype not in ir.KERNEL_DTYPES for t in tensors):
             return "a dtype kernels have no C++ type for"
         return None
+
+    def float_symbol(self, value):
+        """A float computed from sizes (1.0 / x.size(1)): a symbol the wrapper computes in Python,
+        as eager does, and passes to kernels as a double."""
+        sym = sympy.Symbol(f"kf{len(self.symbol_sources)}", real=True)
+        self.symbol_sources[sym] = PythonPrinter().doprint(value.node.expr)
+        return sym
 
     def lookup(self, a):
         return self.env[a] if isinstance(a, torch.fx.Node) else a

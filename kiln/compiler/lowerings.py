@@ -58,7 +58,10 @@ def out_sizes(ctx):
 def scalar(value, dtype):
     """A Python number, or a size expression (a SymInt argument), as an Expr of `dtype`."""
     if isinstance(value, sympy.Basic):
-        return cast(index_expr(value) if value.free_symbols else const(int(value), torch.int64), dtype)
+        if not value.free_symbols:
+            return cast(const(int(value), torch.int64), dtype)
+        # a float symbol (a SymFloat from sizes) is a double kernel argument
+        return cast(index_expr(value, torch.int64 if value.is_integer else torch.float64), dtype)
     return const(value, dtype)
 
 
@@ -72,7 +75,9 @@ def promoted(a, b):
     def rep(x):
         if isinstance(x, TensorValue):
             return torch.empty((1,) * min(x.ndim, 1), dtype=x.dtype, device="meta")
-        return 1 if isinstance(x, sympy.Basic) else x  # a size expression is an int
+        if isinstance(x, sympy.Basic):  # a size expression is an int, a float symbol a float
+            return 1 if x.is_integer else 1.0
+        return x
     return torch.result_type(rep(a), rep(b))
 
 

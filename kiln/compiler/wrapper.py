@@ -62,6 +62,7 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
     inputs = [f"arg{i}" for i in range(num_inputs)]
     src.lines.append(f"def kiln_graph({', '.join(inputs)}):")
     src.globals.setdefault("math", math)  # size expressions may print math.floor/ceil
+    float_names = {s.name for s in symbols or () if not s.is_integer}
     for name, buf in buffers.items():
         if isinstance(buf, ir.ConstantBuffer):
             src.line(f"{name} = {src.constant(buf.value, 'attr')}")
@@ -97,7 +98,8 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
                                  f"dtype={src.literal(layout.dtype)})")
             fn = getattr(lib, entry.name)
             fn.argtypes = ([ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
-                           + [ctypes.c_int64] * len(entry.sizes) + [ctypes.c_void_p] * entry.checks_indices)
+                           + [ctypes.c_double if name in float_names else ctypes.c_int64 for name in entry.sizes]
+                           + [ctypes.c_void_p] * entry.checks_indices)
             fn.restype = None
             call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
                          + list(entry.sizes))
@@ -127,10 +129,16 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
 
 
 def _bind_symbols(src, symbols):
-    """Read, first thing in the call, each size symbol the wrapper's lines use from its input."""
-    used = set(re.findall(r"\b[a-z]+\d+\b", "\n".join(src.lines)))
-    src.lines[1:1] = [f"    {sym.name} = {source}" for sym, source in sorted(symbols.items(), key=lambda kv: kv[0].name)
-                      if sym.name in used]
+    """Read, first thing in the call, each size symbol the wrapper's lines use from its input, then
+    compute the float symbols they use from the sizes."""
+    def used(lines):
+        return set(re.findall(r"\b[a-z]+\d+\b", "\n".join(lines)))
+    floats = [f"    {s.name} = {source}" for s, source in sorted(symbols.items(), key=lambda kv: kv[0].name)
+              if not s.is_integer and s.name in used(src.lines)]
+    names = used(src.lines + floats)
+    sizes = [f"    {s.name} = {source}" for s, source in sorted(symbols.items(), key=lambda kv: kv[0].name)
+             if s.is_integer and s.name in names]
+    src.lines[1:1] = sizes + floats
 
 
 def _sequence(items, is_list=False):

@@ -195,6 +195,14 @@ def test_sizes_as_scalars():
     check_sizes(fn, lambda n: (randn(n, n + 1),), SIZES)
 
 
+def test_floats_computed_from_sizes():
+    """1.0 / x.size(1) is a SymFloat: the wrapper computes it in Python, kernels take it as a double."""
+    def fn(x):
+        return x * (1.0 / x.shape[1]), x * (x.size(1) * 0.5) + x.size(0) / 3, torch.full((2,), x.size(1) / 7.0)
+    graph = check_sizes(fn, lambda n: (randn(n, n + 1),), SIZES)
+    assert "const double" in graph.kiln_source and not graph.kiln_fallbacks
+
+
 def test_backend_specialization_adds_a_guard_and_recompiles():
     """A backend that branches on a symbolic size (here: its parity) adds a guard to the capture's
     ShapeEnv; capture builds its guards after the backend ran, so a size on the other side of that

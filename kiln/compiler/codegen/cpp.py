@@ -595,7 +595,7 @@ class KernelWriter:
 
 def generate(program, ws_offsets, options, symbols=()):
     """The C++ source for `program` and its entries (one per run of kernels between externs).
-    `symbols`: the names of the size symbols; an entry takes those its kernels use."""
+    `symbols`: the size symbols (and float symbols: doubles); an entry takes those its kernels use."""
     entries, current = [], None
     for step in program.steps:
         if isinstance(step, Kernel):
@@ -623,9 +623,10 @@ def generate(program, ws_offsets, options, symbols=()):
         from kiln.compiler.codegen.cpp_sequential import ERROR_FLAG, needs_error_flag
         entry.checks_indices = any(needs_error_flag(k) for k in entry.kernels)
         used = set(re.findall(r"\b[a-z]+\d+\b", "\n".join(body)))
-        entry.sizes = [name for name in symbols if name in used]
+        entry.sizes = [str(sym) for sym in symbols if str(sym) in used]
+        ctypes_of = {str(sym): "int64_t" if sym.is_integer else "double" for sym in symbols}
         params = ([f"void* p_{a}" for a in args] + (["char* ws"] if entry.uses_workspace else [])
-                  + [f"const int64_t {name}" for name in entry.sizes])
+                  + [f"const {ctypes_of[name]} {name}" for name in entry.sizes])
         params += [f"int64_t* {ERROR_FLAG}"] if entry.checks_indices else []
         parts.append(f'extern "C" void {entry.name}({", ".join(params)}) {{')
         parts += body
