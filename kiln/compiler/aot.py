@@ -17,8 +17,10 @@ written back like an input; in the aten graph they are `get_attr` nodes on the s
 Aliasing: eager returns some outputs as views of inputs (`x.t()`, `x.add_(1)` returns `x`). The
 functional graph computes their values; the runner then rebuilds each such output from its input
 (the input itself, or `as_strided` with eager's size/stride/offset) so it shares storage as in
-eager. Outputs that alias each other (two views of one intermediate), and views that change the
-dtype (`view_as_complex`), come back as separate tensors: equal values, no shared storage.
+eager. An output that is a view of another output is rebuilt from it (`OutputView`), so a later
+in-place op on one shows in the other. Two views of an intermediate that is not itself an output,
+and views that change the dtype (`view_as_complex`), come back as separate tensors: equal values,
+no shared storage.
 """
 import dataclasses
 import operator
@@ -65,6 +67,17 @@ class OutputAlias:
 
 
 @dataclasses.dataclass
+class OutputView:
+    """A user output that eager returns as a view of another user output (`t` and `t[:, 1:]`): the
+    runner rebuilds it from that output, so an in-place op on one (after a graph break) shows in
+    the other, as in eager."""
+    output_index: int
+    base_index: int      # the user output it views
+    view: tuple          # (size, stride, storage_offset) on the base's storage
+    base_layout: tuple   # (stride, storage_offset) the base must have when it runs for `view` to hold
+
+
+@dataclasses.dataclass
 class AtenGraph:
     gm: torch.fx.GraphModule      # functional aten graph (no in-place ops, no mutation);
                                   # placeholders = the flat inputs in order;
@@ -77,6 +90,7 @@ class AtenGraph:
     # ^ parameters/buffers of the torch graph (the tensors themselves) whose new values follow
     #   the mutated inputs' values, in order
     output_aliases: list = dataclasses.field(default_factory=list)  # OutputAlias, for make_runner
+    output_views: list = dataclasses.field(default_factory=list)    # OutputView, for make_runner
 
 
 def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
@@ -112,6 +126,7 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
     mutated_state = sorted(i for i in writes if i >= n)
     _check_mutated_inputs_do_not_overlap(example_inputs, mutated_inputs)
     aliases = _output_aliases(user_outputs, placeholders[:n], writes)
+    views = _output_views(user_outputs, {a.output_index for a in aliases})
     graph.output_node().args = (tuple(user_outputs + [writes[i] for i in mutated_inputs + mutated_state]),)
     _state_to_attributes(traced, placeholders[n:], state_names, state)
     graph.eliminate_dead_code()
@@ -120,7 +135,7 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
 
     aten = AtenGraph(gm=traced, num_user_outputs=len(user_outputs), mutated_inputs=mutated_inputs,
                      out_spec=out_specs[-1], mutated_attrs=[state[i - n] for i in mutated_state],
-                     output_aliases=aliases)
+                     output_aliases=aliases, output_views=views)
     if logs.enabled("aot"):
         logs.log("aot", "aten graph: %d inputs, %d user outputs, mutated inputs %s, %d mutated "
                  "module tensors, aliased outputs %s\n%s", n, aten.num_user_outputs, mutated_inputs,
@@ -215,20 +230,34 @@ _INPLACE_DUNDERS = {f"__i{name}__" for name in ("add", "sub", "mul", "truediv", 
                                                  "xor", "lshift", "rshift", "matmul")} | {"__setitem__"}
 
 
+_EXPANDS = ("expand", "expand_as", "broadcast_to", "broadcast_tensors")
+
+
 class _RefuseOverlappingWrites(TorchFunctionMode):
     """Functionalization writes a mutated view back into its base element by element (an expanded
     view's write-back sums its copies), so a write into a tensor whose elements share memory
-    (fill_/zero_ on an expanded view, which eager accepts) cannot be made functional: such graphs
-    run eagerly."""
+    (fill_/zero_ on an expanded view, which eager accepts) cannot be made functional. Nor can a
+    write through any expand (even one that adds no copies): its inverse is arithmetic,
+    base + (new - base), which turns inf into NaN and -0.0 into 0.0. Such graphs run eagerly."""
+
+    def __init__(self):
+        super().__init__()
+        self.expanded = {}  # id -> tensor (held, so ids stay unique): expands and their views
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         inplace = (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
         target = kwargs.get("out", args[0] if inplace and args else None)
-        if isinstance(target, torch.Tensor) and _may_overlap_itself(target):
-            raise AotUnsupported(f"{name} writes into a tensor whose elements share memory")
-        return func(*args, **kwargs)
+        if isinstance(target, torch.Tensor) and (_may_overlap_itself(target) or id(target) in self.expanded):
+            raise AotUnsupported(f"{name} writes into an expanded tensor or one whose elements share memory")
+        out = func(*args, **kwargs)
+        source = args[0] if args else None
+        if name in _EXPANDS or (not inplace and isinstance(source, torch.Tensor) and id(source) in self.expanded):
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor) and (name in _EXPANDS or torch._C._is_alias_of(t, source)):
+                    self.expanded[id(t)] = t
+        return out
 
 
 def _shape(x):
@@ -305,6 +334,32 @@ def _output_aliases(user_outputs, input_nodes, writes):
         if not any(free_symbols(s) for s in (*layout[0], *layout[1], layout[2])):
             aliases.append(OutputAlias(k, owner[node], layout))
     return aliases
+
+
+def _output_views(user_outputs, aliased):
+    """Which user outputs (not aliasing an input) eager returns as views of another user output."""
+    position = {}
+    for k, node in enumerate(user_outputs):
+        if isinstance(node, torch.fx.Node):
+            position.setdefault(node, k)
+    views = []
+    for k, out in enumerate(user_outputs):
+        if k in aliased or not isinstance(out, torch.fx.Node):
+            continue
+        node = out
+        while _is_view(node):
+            node = node.args[0]
+            j = position.get(node)
+            if j is None or j == k or j in aliased:
+                continue
+            val, base = _val(out), _val(node)
+            layout = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
+            base_layout = (tuple(base.stride()), base.storage_offset())
+            if val.dtype == base.dtype and not any(free_symbols(s) for s in (*layout[0], *layout[1], layout[2],
+                                                                             *base_layout[0], base_layout[1])):
+                views.append(OutputView(k, j, layout, base_layout))
+            break
+    return views
 
 
 def _replay_views(chain, base):
@@ -405,6 +460,7 @@ def make_runner(aten: AtenGraph, flat_fn):
     input_writes = [(i, n_user + k) for k, i in enumerate(aten.mutated_inputs)]
     attr_writes = [(t, n_user + len(input_writes) + k) for k, t in enumerate(aten.mutated_attrs)]
     aliases = [(a.output_index, a.input_index, a.view) for a in aten.output_aliases]
+    views = [(v.output_index, v.base_index, v.view, v.base_layout) for v in aten.output_views]
     rebuild = _rebuilder(aten.out_spec)
 
     def run(*args):
@@ -415,6 +471,10 @@ def make_runner(aten: AtenGraph, flat_fn):
         user = list(outs[:n_user])
         for k, i, view in aliases:
             user[k] = args[i] if view is None else args[i].as_strided(*view)
+        for k, j, view, base_layout in views:
+            base = user[j]
+            if (base.stride(), base.storage_offset()) == base_layout:
+                user[k] = base.as_strided(*view)
         return rebuild(user)
 
     # The compiler's inspection attributes (kiln_kernels, ...) stay visible on the wrapper,

@@ -44,11 +44,20 @@ def _copy(self, src, non_blocking=False):
     return src.to(dtype=self.dtype, device=self.device).expand(self.shape)
 
 
+def _pow_bool(self, exponent):
+    """bool ** bool: eager keeps bool (x ** False is all True, x ** True is x), where torch's meta
+    function, which the trace follows, says int64. Other cases: the op as it is."""
+    if self.dtype == torch.bool and isinstance(exponent, bool):
+        return self.clone() if exponent else torch.ones_like(self)
+    return NotImplemented
+
+
 @functools.lru_cache(maxsize=2)
 def _table(fallback_random):
     table = dict(core_aten_decompositions().items())
     table.update((op, decomposition_table[op]) for op in FUSIBLE_EXTRAS)
     table[aten.copy.default] = _copy
+    table[aten.pow.Tensor_Scalar] = _pow_bool
     whole = {getattr(p, o) for p in KEEP_WHOLE for o in p.overloads()}
     return {op: fn for op, fn in table.items()
             if op not in whole and not (fallback_random and _is_random(op))}

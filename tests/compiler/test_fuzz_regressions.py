@@ -102,3 +102,32 @@ def test_tanh_and_erf_keep_negative_zero():
     def fn(a):
         return 1 / torch.tanh(a), 1 / torch.erf(a)
     check(fn, lambda: (torch.tensor([-0.0, 0.0, -0.5, 2.0]),), exact=False)
+
+
+def test_write_through_a_same_shape_expand_keeps_inf_and_negative_zero():
+    # functionalization undoes an expand by arithmetic, base + (new - base): inf became NaN and
+    # 0.0 -> -0.0 became 0.0; writes through an expand now run eagerly
+    def fn(a):
+        a.expand(2, 3).neg_()
+        return a + 1
+    actual, _ = check(fn, lambda: (torch.tensor([[0.0, float("inf"), -0.0], [2.0, -float("inf"), 3.0]]),))
+
+
+def test_view_of_an_output_stays_a_view_across_a_graph_break():
+    # t2 and its chunk t4 left the first graph as separate tensors, so t4.add_ after the graph
+    # break (the .item()) did not reach t2
+    def fn(a, idx):
+        t0 = a - 2.5
+        t2 = t0[:, idx]
+        t4 = t2.chunk(2, 1)[-1]
+        n = int(t0.sum().item()) % 3
+        t4.add_(n + 0.25)
+        return t2
+    check(fn, lambda: (torch.arange(9.).view(9, 1).expand(9, 64), torch.tensor([1, -5, 7, 60])))
+
+
+def test_bool_tensor_to_a_bool_power_stays_bool():
+    # torch's meta function says int64 for bool ** bool; eager returns bool
+    def fn(a):
+        return a ** False, a ** True
+    check(fn, lambda: (torch.tensor([True, False, True]),))
