@@ -17,11 +17,11 @@ import torch.fx
 from kiln import config as config_mod
 from kiln.capture import interpreter as interp
 from kiln.capture.glue import Glue
-from kiln.capture.graph_builder import OutputGraph, shape_guards
+from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
 from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
-from kiln.capture.variables import NullVariable
+from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
 from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
 
@@ -70,6 +70,7 @@ class Capture:
         self.break_at = None
         self.break_reason = None
         self.requested = None
+        self.requested_exits = []  # the with-blocks open at the requested break (their ExitVariables)
         self.steps = 0
         self.og = None
 
@@ -89,9 +90,11 @@ class Capture:
                 if self.requested is None or self.fullgraph:
                     raise
                 inst, _ = self.requested
-                if inst.opname == "RAISE_VARARGS" and e.python_exception is not None:
+                if inst.opname in ("RAISE_VARARGS", "RERAISE") and e.python_exception is not None:
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
-                why_not = _why_not_breakable(self.code, inst)
+                why_not = _why_not_breakable(self.code, inst, self.requested_exits)
+                if why_not and isinstance(e, GradModeBreak):  # with grad on at entry, it captures
+                    raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
                 if why_not:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
                 self.break_at, self.break_reason = inst.offset, e
@@ -107,12 +110,13 @@ class Capture:
 
     def request_break(self, frame, inst, error):
         self.requested = (inst, error)
+        self.requested_exits = [v for v in frame.stack if _is_exit(v)]
 
     def graph_break(self, frame, inst):
         return _Break(frame, inst, self.break_reason)
 
 
-def _why_not_breakable(code, inst):
+def _why_not_breakable(code, inst, open_exits=()):
     if inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in ("CALL",
                                                                                             "CALL_FUNCTION_EX"):
         return f"cannot resume after {inst.opname}"
@@ -120,10 +124,14 @@ def _why_not_breakable(code, inst):
     for entry in dis._parse_exception_table(code):
         if entry.start <= inst.offset < entry.end:
             # try/except/finally: the resume function keeps the handlers. A with-block would need its
-            # context manager re-entered, which capture cannot do in general.
+            # context manager re-entered, which capture cannot do in general; a grad-mode block needs
+            # only an exit that restores the mode, which the glue hands over on the stack.
             handler = insts[index_of[entry.target]:index_of[entry.target] + 3]
-            if any(i.opname == "WITH_EXCEPT_START" for i in handler) or _in_with_block(insts, inst.offset):
-                return "the break is inside a with block"
+            with_body = any(i.opname == "WITH_EXCEPT_START" for i in handler)
+            if with_body or _in_with_block(insts, inst.offset):
+                if not (with_body and _only_grad_mode_blocks(insts, inst.offset, open_exits)):
+                    return "the break is inside a with block"
+                continue
             if entry.lasti:  # inside an except/finally handler: the exception being handled cannot be carried
                 return "the break is inside an exception handler"
     for i in dis.get_instructions(code):
@@ -135,8 +143,26 @@ def _why_not_breakable(code, inst):
     return None
 
 
+def _only_grad_mode_blocks(insts, offset, open_exits):
+    """Every with-block open at `offset` is a grad-mode block (no_grad, enable_grad, set_grad_enabled)."""
+    return len(open_exits) == _with_depth(insts, offset) and all(_is_grad_exit(e) for e in open_exits)
+
+
+def _is_exit(v):
+    """A with-block's exit on the stack: capture's own, or a grad-mode exit a resume function was given."""
+    return isinstance(v, ExitVariable) or isinstance(v, ObjectVariable) and isinstance(v.value, GradModeExit)
+
+
+def _is_grad_exit(v):
+    return isinstance(v, ObjectVariable) or v.restores is not None
+
+
 def _in_with_block(insts, offset):
-    """True when a BEFORE_WITH before `offset` has not reached its normal exit call yet."""
+    return _with_depth(insts, offset) > 0
+
+
+def _with_depth(insts, offset):
+    """How many BEFORE_WITHs before `offset` have not reached their exception handler yet."""
     depth = 0
     for i in insts:
         if i.offset >= offset:
@@ -145,7 +171,7 @@ def _in_with_block(insts, offset):
             depth += 1
         elif i.opname == "WITH_EXCEPT_START" and depth:
             depth -= 1
-    return depth > 0
+    return depth
 
 
 def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=None):
@@ -263,6 +289,9 @@ def _break_tail(cap, glue, brk):
         if push_null:
             below = below + [interp.NULL]
         after = [resume(below, next_offset, ["__r"] if pushed else [])]
+    if any(_is_exit(v) for v in stack):
+        # inside a grad-mode block: the rest of the block runs in the mode capture was in there
+        native = [f"{glue.const(torch._C._set_grad_enabled, 'SETGRAD')}({cap.og.grad_enabled})"] + native
     handler = _covering_handler(frame.code, inst.offset)
     if handler is not None:
         exc_stack = stack[:handler.depth]

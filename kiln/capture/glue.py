@@ -9,7 +9,8 @@ import types
 
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
-from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, FreshObjectVariable,
+from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
+                                    FreshObjectVariable, GradModeExit,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable, TupleVariable)
 from kiln.capture.graph_builder import size_source
@@ -105,6 +106,8 @@ class Glue:
             return f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, SliceVariable):
             return "slice(" + ", ".join(self.value(p) for p in var.parts) + ")"
+        if isinstance(var, ExitVariable) and var.restores is not None:
+            return self.const(GradModeExit.restoring(var.restores), "EXIT")
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
         if isinstance(var, CellVariable):

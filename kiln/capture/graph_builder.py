@@ -43,6 +43,12 @@ def is_library_module(mod):
     return name.split(".")[0] in _LIBRARY_PREFIXES
 
 
+class GradModeBreak(Unsupported):
+    """Grad switched on in a graph that starts with it off (a resume function after a no_grad block,
+    enable_grad in a frame called under no_grad): the graph ends there, because aot-based backends
+    trace a graph in the grad mode it starts in and would lose requires_grad after the switch."""
+
+
 class ShapeSource(torch._guards.Source):
     """Names a dynamic input for the ShapeEnv: its name is the guard expression that reloads it."""
 
@@ -91,6 +97,7 @@ class OutputGraph:
         self.hook_globals_guarded = False
         self.entered = []  # real autocast modes entered during capture (left again in any case)
         self.grad_enabled = torch.is_grad_enabled()
+        self.grad_at_entry = self.grad_enabled
         self.guards.add(None, f"{self.guards.const(torch.is_grad_enabled, 'GRAD')}() is {self.grad_enabled}",
                         f"torch.is_grad_enabled() is {self.grad_enabled}")
         self.guards.autocast_match()
@@ -314,6 +321,8 @@ class OutputGraph:
 
     def set_grad_enabled(self, enabled):
         """Switch grad mode inside the graph (torch.no_grad() blocks), as a node so backends see it."""
+        if enabled and not self.grad_at_entry:
+            raise GradModeBreak("grad enabled inside a graph that starts without grad")
         if enabled != self.grad_enabled:
             self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,), {},
                                    name=self._unique("set_grad_enabled"))

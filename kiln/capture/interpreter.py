@@ -197,7 +197,19 @@ class Frame:
         self.pop()
 
     def RERAISE(self, inst):
+        value = getattr(self.pop(), "value", None)
+        if isinstance(value, BaseException):  # an exception raised during capture, continuing outwards
+            raise Unsupported(f"{type(value).__name__} re-raised: {value}", python_exception=value)
         raise Unsupported("re-raising an exception during capture")
+
+    def WITH_EXCEPT_START(self, inst):
+        """An exception leaves a with-block: call its __exit__(type, value, traceback)."""
+        exc = self.stack[-1]
+        value = getattr(exc, "value", None)
+        if not isinstance(value, BaseException):
+            raise Unsupported("a with-block left by an exception capture does not know")
+        exc_type = self.og.wrap(type(value), None, guard=False)
+        self.push(objects.call(self, self.stack[-4], [exc_type, exc, const(None)], {}))
 
     # ---- stack ----------------------------------------------------------------------------------
     def NOP(self, inst):
@@ -573,7 +585,7 @@ class Frame:
         if isinstance(ctx, GradModeVariable):
             prior = self.og.grad_enabled if ctx.prior is None else ctx.prior
             self.og.set_grad_enabled(ctx.enabled)
-            self.push(ExitVariable(lambda: self.og.set_grad_enabled(prior)))
+            self.push(ExitVariable(lambda: self.og.set_grad_enabled(prior), restores=prior))
             self.push(const(None))
             return
         if isinstance(ctx, AutocastVariable):

@@ -17,7 +17,7 @@ from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import is_library_module
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
-                                    DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable,
+                                    DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable, const, is_constant)
@@ -901,6 +901,11 @@ def _call_value(frame, fn_var, args, kwargs):
     handler = BUILTIN_HANDLERS.get(_key(fn))
     if handler is not None:
         return handler(frame, args, kwargs)
+    if isinstance(fn, GradModeExit):  # the end of a grad-mode block a break cut in two
+        if fn_var.source is not None:
+            og.guards.id_match(fn_var.source, fn)
+        og.set_grad_enabled(fn.mode)
+        return const(None)
     if isinstance(fn, types.FunctionType):
         return call_python_function(frame, fn, args, kwargs)
     if _is_torch_op(fn):

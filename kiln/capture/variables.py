@@ -308,12 +308,32 @@ class AutocastVariable(Variable):
         return self.cls
 
 
+class GradModeExit:
+    """The __exit__ of a grad-mode block that a graph break cut in two: the glue hands it to the resume
+    function, which calls it where the block ends (or on an exception) to restore the mode the block
+    found. One instance per mode, so capture (which follows the call) can guard it by identity."""
+    _instances = {}
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    @classmethod
+    def restoring(cls, mode):
+        return cls._instances.setdefault(mode, cls(mode))
+
+    def __call__(self, *exc_info):
+        torch._C._set_grad_enabled(self.mode)
+        return None  # falsy: an exception propagates, as with torch.no_grad()
+
+
 class ExitVariable(Variable):
     """The bound __exit__ that BEFORE_WITH pushes for a grad-mode or autocast block; calling it runs
-    `on_exit` (restores grad mode / leaves autocast, in the graph and in capture's own state)."""
+    `on_exit` (restores grad mode / leaves autocast, in the graph and in capture's own state).
+    `restores`: for a grad-mode block, the mode its exit restores (a break inside such a block hands
+    the resume function a real exit that restores it); None for autocast."""
 
-    def __init__(self, on_exit):
-        self.on_exit = on_exit
+    def __init__(self, on_exit, restores=None):
+        self.on_exit, self.restores = on_exit, restores
 
     def python_type(self):
         return types.MethodType

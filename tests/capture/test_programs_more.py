@@ -769,3 +769,91 @@ def _inductor_module_case(case):
 @pytest.mark.parametrize("make, calls, between", [_inductor_module_case(c) for c in INDUCTOR_MODULES])
 def test_module_program_inductor(make, calls, between):
     check_module_calls(make, calls, between, backend="inductor")
+
+
+# ---- graph breaks inside grad-mode blocks ---------------------------------------------------------
+def _print_in_no_grad(x, w):
+    y = x * w
+    with torch.no_grad():
+        a = y * 2
+        print("", end="")
+        b = a * w
+    return a, b, b * w, torch.is_grad_enabled()
+
+
+def _two_breaks_in_no_grad(x, w):
+    with torch.no_grad():
+        a = x * w
+        print("", end="")
+        b = a * 2
+        print("", end="")
+        c = b * w
+    return a, b, c * w, torch.is_grad_enabled()
+
+
+def _item_in_enable_grad_in_no_grad(x, w):
+    with torch.no_grad():
+        with torch.enable_grad():
+            y = x * w
+            v = y.sum().item()
+        z = y * v
+    return y, z, torch.is_grad_enabled()
+
+
+def _tensor_branch_in_no_grad(x, w):
+    with torch.no_grad():
+        out = x + 1 if (x * w).sum() > 0 else x - 1
+    return out * w
+
+
+GRAD_BLOCK_BREAKS = [_print_in_no_grad, _two_breaks_in_no_grad, _item_in_enable_grad_in_no_grad,
+                     _tensor_branch_in_no_grad]
+
+
+@pytest.mark.parametrize("fn", GRAD_BLOCK_BREAKS, ids=[f.__name__ for f in GRAD_BLOCK_BREAKS])
+@pytest.mark.parametrize("backend", [None, "aot_eager", "inductor"])
+def test_graph_break_inside_a_grad_mode_block_resumes(fn, backend):
+    w = t(3).requires_grad_()
+    calls = [(t(3), w), (t(3), w), (-t(3).abs(), t(3).abs().requires_grad_())]
+    counter = check_calls(fn, calls, backend=backend, rtol=1e-4, atol=1e-5)
+    # captured in pieces, not left to run eagerly (kiln also ends a graph where grad turns back on)
+    assert counter is None or counter.frame_count >= 2
+
+
+def test_enable_grad_in_a_function_called_under_no_grad():
+    def f(x, w):
+        with torch.enable_grad():
+            y = x * w
+        return y, y * 2
+    w = t(3).requires_grad_()
+    for backend in (None, "aot_eager", "inductor"):
+        with torch.no_grad():
+            check_calls(f, [(t(3), w), (t(3), w)], backend=backend, rtol=1e-4, atol=1e-5)
+        check_calls(f, [(t(3), w)], backend=backend, rtol=1e-4, atol=1e-5)
+
+
+def _raises(v):
+    raise KeyError("missing")
+
+
+def test_exception_leaving_a_grad_mode_block_restores_the_mode():
+    def inside_try(x, w):
+        try:
+            with torch.no_grad():
+                _raises(x * w)
+        except KeyError:
+            pass
+        return torch.is_grad_enabled(), x * w
+
+    def after_break(x, w, fail):
+        with torch.no_grad():
+            a = x * w
+            if fail:
+                _raises(a)
+            print("", end="")
+            b = a * 2
+        return b * w, torch.is_grad_enabled()
+    w = t(3).requires_grad_()
+    check_calls(inside_try, [(t(3), w), (t(3), w)])
+    check_calls(after_break, [(t(3), w, False), (t(3), w, True), (t(3), w, False)])
+    assert torch.is_grad_enabled()
