@@ -21,6 +21,7 @@ class ScanPlan:
     """A scan along loop var r0 inside parallel loops x0..: the LoopNode's body is over (x*, r0)."""
     scan_type: str
     acc_dtype: torch.dtype
+    along_last: bool  # the scan runs along the last dim (else the last dim is the innermost outer loop)
 
 
 @dataclasses.dataclass
@@ -54,7 +55,7 @@ def trace_sequential(buf):
         body = substitute(body, rename)
         store = sympy.expand(buf.layout.index(index).xreplace(rename))
         return LoopNode(buf.name, buf.layout, sizes, [data.ranges[data.dim]], None, body, store,
-                        {e.args[0] for e in body.loads()}, ScanPlan(data.scan_type, data.acc_dtype))
+                        {e.args[0] for e in body.loads()}, ScanPlan(data.scan_type, data.acc_dtype, data.dim == len(data.ranges) - 1))
     init = data.init_fn(tuple(outer))
     source = tuple(loop_var("q", k) for k in range(len(data.source_ranges)))
     value = data.value_fn(source)

@@ -9,6 +9,7 @@ the wrapper raises (eager raises there too).
 """
 import sympy
 import torch
+from torch.utils._sympy.functions import FloorDiv
 
 from kiln.compiler import ir
 from kiln.compiler.codegen.cpp import CTYPES, ExprPrinter, cindex, compute_ctype, reduction_init
@@ -74,46 +75,70 @@ def _store(dtype, value):
 
 # ---- scan ---------------------------------------------------------------------------------------
 
-def _scan_update(kind, acc, v, acc_ctype):
-    """Lines updating accumulator `acc` (and index `acc_i`) with value `v` at scan position r0."""
+def _scan_update(kind, acc, acc_i, v, t, tmp):
+    """Lines updating accumulator `acc` (and index `acc_i`) of C++ type t with value `v` at scan
+    position r0; `tmp` prefixes the temporaries."""
     if kind == "sum":
-        return [f"{acc} = {acc} + ({acc_ctype}){v};"]
+        return [f"{acc} = {acc} + ({t}){v};"]
     if kind == "prod":
-        return [f"{acc} = {acc} * ({acc_ctype}){v};"]
+        return [f"{acc} = {acc} * ({t}){v};"]
+    x, lo, hi = f"x_{tmp}", f"lo_{tmp}", f"hi_{tmp}"
     if kind == "logsumexp":  # eager's _log_add_exp_helper(v, acc), NaN and infinities included
-        return [f"{acc_ctype} x_{acc} = ({acc_ctype}){v};",
-                f"{acc_ctype} lo_{acc} = {acc} != {acc} ? {acc} : std::min<{acc_ctype}>(x_{acc}, {acc});",
-                f"{acc_ctype} hi_{acc} = {acc} != {acc} ? {acc} : std::max<{acc_ctype}>(x_{acc}, {acc});",
-                f"{acc} = (lo_{acc} != hi_{acc} || std::isfinite(lo_{acc})) ? "
-                f"std::log1p(std::exp(lo_{acc} - hi_{acc})) + hi_{acc} : x_{acc};"]
+        return [f"{t} {x} = ({t}){v};",
+                f"{t} {lo} = {acc} != {acc} ? {acc} : std::min<{t}>({x}, {acc});",
+                f"{t} {hi} = {acc} != {acc} ? {acc} : std::max<{t}>({x}, {acc});",
+                f"{acc} = ({lo} != {hi} || std::isfinite({lo})) ? std::log1p(std::exp({lo} - {hi})) + {hi} : {x};"]
     # cummax/cummin: a NaN, or a value at least as large (small), takes over, as in eager
     better = ">=" if kind in ("max", "argmax") else "<="
-    return [f"{acc_ctype} x_{acc} = ({acc_ctype}){v};",
-            f"if (r0 == 0 || x_{acc} != x_{acc} || ({acc} == {acc} && x_{acc} {better} {acc})) "
-            f"{{ {acc} = x_{acc}; {acc}_i = r0; }}"]
+    return [f"{t} {x} = ({t}){v};",
+            f"if (r0 == 0 || {x} != {x} || ({acc} == {acc} && {x} {better} {acc})) {{ {acc} = {x}; {acc_i} = r0; }}"]
 
 
 SCAN_INIT = {"sum": "0", "prod": "1", "logsumexp": "-std::numeric_limits<{t}>::infinity()"}
+# a scan along any dim but the last walks a block of this many elements of the last dim at once
+# (one accumulator each): the vector loop runs over contiguous memory, not along the scan's stride
+SCAN_BLOCK = 64
+
+
+def _scan_step(writer, node, indent, acc, acc_i):
+    """The body of one scan step (position r0): the value, the update, the store."""
+    plan = node.sequential
+    lines = []
+    value = ExprPrinter(lines, indent, writer.pointers, {}).expr(node.body)
+    t = compute_ctype(plan.acc_dtype)
+    lines += ["  " * indent + line for line in _scan_update(plan.scan_type, acc, acc_i, value, t, node.name)]
+    result = acc_i if plan.scan_type in ("argmax", "argmin") else acc
+    lines.append("  " * indent + f"{node.name}[{cindex(node.store_index)}] = {_store(node.layout.dtype, result)};")
+    return lines
 
 
 def _scan(writer, node):
     plan = node.sequential
-    outer = [loop_var("x", k) for k in range(len(node.sizes))]
-    acc_ctype = compute_ctype(plan.acc_dtype)
-    indent = 2 + len(outer)
+    names = [loop_var("x", k).name for k in range(len(node.sizes))]
+    t = compute_ctype(plan.acc_dtype)
+    init = SCAN_INIT.get(plan.scan_type, "0").format(t=t)
     acc = f"acc_{node.name}"
-    body = ["  " * indent + f"{acc_ctype} {acc} = {SCAN_INIT.get(plan.scan_type, '0').format(t=acc_ctype)};"
-            f" int64_t {acc}_i = 0; (void){acc}_i;"]
-    inner = []
-    printer = ExprPrinter(inner, indent + 1, writer.pointers, {})
-    value = printer.expr(node.body)
-    inner += ["  " * (indent + 1) + line for line in _scan_update(plan.scan_type, acc, value, acc_ctype)]
-    result = f"{acc}_i" if plan.scan_type in ("argmax", "argmin") else acc
-    inner.append("  " * (indent + 1) + f"{node.name}[{cindex(node.store_index)}] = "
-                 f"{_store(node.layout.dtype, result)};")
-    body += _loops(["r0"], node.reduction_sizes, inner, indent)
     clauses = _parallel(writer, node.numel * node.rnumel, node.numel)
-    return _loops([v.name for v in outer], node.sizes, body, 2, len(outer), clauses)
+    if plan.along_last or not names:
+        indent = 2 + len(names)
+        body = ["  " * indent + f"{t} {acc} = {init}; int64_t {acc}_i = 0; (void){acc}_i;"]
+        body += _loops(["r0"], node.reduction_sizes, _scan_step(writer, node, indent + 1, acc, f"{acc}_i"), indent)
+        return _loops(names, node.sizes, body, 2, len(names), clauses)
+    lane, width = names[-1], node.sizes[-1]
+    block = f"b_{node.name}"
+    indent = 2 + len(names)
+    pad = "  " * indent
+    body = [f"{pad}const int64_t lo_{block} = {block} * {SCAN_BLOCK};",
+            f"{pad}const int64_t hi_{block} = std::min<int64_t>(lo_{block} + {SCAN_BLOCK}, {cindex(width)});",
+            f"{pad}{t} {acc}[{SCAN_BLOCK}]; int64_t {acc}_i[{SCAN_BLOCK}]; (void){acc}_i;",
+            f"{pad}for (int64_t k = 0; k < {SCAN_BLOCK}; ++k) {{ {acc}[k] = {init}; {acc}_i[k] = 0; }}"]
+    at = f"[{lane} - lo_{block}]"
+    step = _scan_step(writer, node, indent + 2, acc + at, f"{acc}_i{at}")
+    lanes = ["  " * (indent + 1) + "#pragma omp simd",
+             "  " * (indent + 1) + f"for (int64_t {lane} = lo_{block}; {lane} < hi_{block}; ++{lane}) {{"]
+    body += _loops(["r0"], node.reduction_sizes, lanes + step + ["  " * (indent + 1) + "}"], indent)
+    blocks = FloorDiv(width + SCAN_BLOCK - 1, SCAN_BLOCK)
+    return _loops(names[:-1] + [block], list(node.sizes[:-1]) + [blocks], body, 2, len(names), clauses)
 
 
 # ---- scatter ------------------------------------------------------------------------------------
