@@ -365,3 +365,23 @@ def test_scatters_into_0d_tensors():
     x, s, i = torch.tensor(1.5), torch.tensor(-2.0), torch.tensor(0)
     check(lambda x, s, i: (x.scatter(0, i, s), x.scatter_add(-1, i, s), x.scatter_reduce(0, i, s, "amax")), x, s, i)
     check(lambda x, s, i: x.index_reduce(0, i[None], s, "mean", include_self=False), x, s, i)
+
+
+@pytest.mark.parametrize("name", list(SCANS))
+def test_scans_along_an_outer_dim_over_several_blocks_of_the_last(name):
+    x = torch.randn(3, 9, 130, dtype=torch.float64)
+    x[1, 4, 70], x[2, 0, 129] = NAN, -INF
+    check(lambda x: SCANS[name](x, 1), x)
+
+
+def test_one_compile_serves_several_sizes_with_dynamic_shapes():
+    import kiln
+
+    def fn(x, i):
+        pooled = F.max_pool2d(x[None], 3, 2, 1, return_indices=True)
+        return pooled, torch.cumsum(x, 1), torch.cummax(x, 0), x.scatter_add(2, i, x)
+
+    compiled_fn = kiln.compile(fn, dynamic=True)
+    for n in (5, 8, 11):
+        x, i = torch.randn(3, n, n), torch.randint(0, n, (3, n, n))
+        torch.testing.assert_close(compiled_fn(x, i), fn(x, i))
