@@ -9,7 +9,10 @@ choice:
 - `recompute=True` (default) picks the set of saved values of least total size by a minimum
   cut; values that cut leaves out are recomputed in the backward. Only cheap ops (pointwise,
   views) may be recomputed: never matmuls, reductions or random ops (a random op recomputed
-  would draw a different mask than the forward used).
+  would draw a different mask than the forward used). Nor a value that a backward op which
+  cannot fuse its producer (a matmul, say) reads: the backward would write it to memory again,
+  where the forward has already written it, so recomputing costs a full pass (often with
+  transcendentals: GELU's output for the weight gradient) and saving costs only its bytes.
 """
 import collections
 import dataclasses
@@ -48,7 +51,7 @@ def partition(joint, num_primals, num_forward_outputs, *, recompute=True, unsave
     _shield_unsaveable_primals(joint, num_primals, set(unsaveable))
     j = _JointView(joint, num_primals, num_forward_outputs, unsaveable)
     saved = _min_cut_saved(j) if recompute else _used_forward_values(j)
-    saved = sorted(saved, key=j.order.__getitem__)
+    saved = sorted(_read_by_backward(j, saved), key=j.order.__getitem__)
     forward = _forward_graph(j, saved)
     backward = _backward_graph(j, saved)
     return Partition(forward, backward, len(saved), sum(_save_cost(j, n) for n in saved))
@@ -101,6 +104,13 @@ def _forward_gradients(j):
     return [g for g in j.gradients if isinstance(g, fx.Node) and g not in j.after_tangents]
 
 
+def _read_by_backward(j, saved):
+    """The saved values the backward reads: a cut may also pass inputs of saved values (free
+    to save, so the cut is no dearer with them), which would only cost a saved-tensor slot."""
+    gradients = [g for g in j.gradients if isinstance(g, fx.Node)]
+    return set(saved) & _ancestors(gradients, stop=set(saved))
+
+
 def _min_cut_saved(j):
     """The cheapest set of values to save, given which ops the backward may recompute.
 
@@ -108,6 +118,7 @@ def _min_cut_saved(j):
     of saving it). A value the backward may not recompute hangs from the source; backward
     nodes hang into the sink. A finite cut separates the two, and the values whose edges it
     cuts are exactly what the backward needs saved."""
+    materialized = _materialized_in_backward(j)
     flow = _FlowNetwork()
     for n in j.graph.nodes:
         if n not in j.backward_needs or n.op == "output":
@@ -116,7 +127,7 @@ def _min_cut_saved(j):
             if n.op != "placeholder":
                 flow.add(("in", n), "sink", math.inf)
             continue
-        if n.op == "placeholder" or not _recomputable(n):
+        if n.op == "placeholder" or not _recomputable(n) or n in materialized:
             flow.add("source", ("in", n), math.inf)
         flow.add(("in", n), ("out", n), math.inf if n in j.unsaveable else _save_cost(j, n))
         for user in n.users:
@@ -141,12 +152,41 @@ def _recomputable(node):
     return node.target in _CHEAP_OPS or torch.Tag.pointwise in node.target.tags
 
 
+def _materialized_in_backward(j):
+    """Forward values a backward op reads whole, from memory, rather than fusing their
+    computation into its own loop (matmuls, convolutions, ...): recomputing one is never free."""
+    readers = (n for n in j.after_tangents & j.backward_needs if not _fuses_inputs(n))
+    return {_view_base(arg) for n in readers for arg in n.all_input_nodes
+            if arg not in j.after_tangents}
+
+
+def _view_base(node):
+    """The value whose memory `node` is a view of (itself if it is no view): a view is free to
+    recompute from it, and generated code returns a view output as a copy."""
+    while _returns_view(node) and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _fuses_inputs(node):
+    """Whether generated code computes `node` in a loop that can compute its inputs inline."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    tags = node.target.tags
+    return (torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CHEAP_OPS
+            or _returns_view(node))
+
+
 def _save_cost(j, node):
     """Bytes that saving `node` keeps alive. Inputs and their views are free: the caller holds
     them. A tuple (a multi-output op) cannot be saved whole."""
     val = node.meta.get("val")
     if node in j.input_memory:
         return 0
+    if _returns_view(node) and isinstance(node.args[0], fx.Node) and node.args[0] not in j.unsaveable:
+        return _save_cost(j, node.args[0]) + 1  # it keeps its base alive: save the base instead
     if isinstance(val, torch.Tensor):  # with symbolic sizes: their hints, without adding guards
         return optimization_hint(val.numel(), fallback=4096) * val.element_size()
     if isinstance(val, (tuple, list)):
