@@ -21,6 +21,7 @@ compiled forward and backward serve every size. Double backward through the comp
 is refused with an error (it is not differentiable), never answered with a wrong gradient.
 """
 import dataclasses
+import operator
 
 import torch
 import torch.utils._pytree as pytree
@@ -140,10 +141,13 @@ class TrainingGraph:
                 self.partition.backward.code)
         self.forward = _compile_graph(self.partition.forward, _detached(primals), options, inner)
         self._backward = None
+        self.plan = RuntimePlan.of(self.signature, self.partition, self.num_forward)
 
     def __call__(self, *args):
-        flat = (*args, *self.flat_graph.state)
+        flat = (*args, *self.flat_graph.state) if self.flat_graph.state else args
         results = _CompiledFunction.apply(self, *flat)
+        if self.plan.outputs_are_results:  # no writes, no aliases: the common case
+            return self.plan.rebuild(results)
         sig = self.signature
         _write_back(sig, flat, results[len(sig.computed):])
         outputs = [None] * sig.num_outputs
@@ -160,21 +164,57 @@ class TrainingGraph:
         return self._backward(*saved, *tangents)
 
 
+@dataclasses.dataclass(frozen=True)
+class RuntimePlan:
+    """What each call does, decided once at compile time so a call runs little Python: the
+    general path (writes, aliases, saved sizes, inputs or outputs without grad) only when the
+    signature has them."""
+    outputs_are_results: bool     # gm's outputs are exactly the forward's results, in order
+    rebuild: object               # results (a tuple) -> gm's output structure
+    saved_all_tensors: bool       # no size (SymInt) among the saved values
+    non_differentiable: tuple     # indices of forward results autograd must not differentiate
+    all_differentiable: bool
+    all_inputs_need_grad: bool
+
+    @staticmethod
+    def of(sig, partition, num_forward):
+        saved = partition.forward.graph.output_node().args[0][num_forward:]
+        differentiable = sig.differentiable
+        outputs_are_results = not sig.mutated and not sig.aliases
+        return RuntimePlan(
+            outputs_are_results, _rebuilder(sig.out_spec) if outputs_are_results else None,
+            all(isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor) for n in saved),
+            tuple(k for k, d in enumerate(differentiable) if not d), all(differentiable),
+            all(sig.requires_grad))
+
+
+def _rebuilder(spec):
+    """results -> the structure `spec` describes, without pytree for a leaf or a flat tuple."""
+    if spec.is_leaf():
+        return operator.itemgetter(0)
+    if spec.type is tuple and all(child.is_leaf() for child in spec.children()):
+        return lambda results: results
+    return lambda results: pytree.tree_unflatten(list(results), spec)
+
+
 class _CompiledFunction(torch.autograd.Function):
     """The compiled forward and backward as one autograd node."""
 
     @staticmethod
     def forward(ctx, graph, *args):
         results = graph.forward(*args)
-        outputs, saved = results[:graph.num_forward], results[graph.num_forward:]
+        num_forward, plan = graph.num_forward, graph.plan
+        outputs, saved = results[:num_forward], results[num_forward:]
         ctx.graph = graph
         # sizes (with dynamic shapes) are saved as plain values; tensors go through autograd's
         # saved-tensor checks, so a later in-place write to one is an error, as in eager
-        ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
-        ctx.sizes = [s for s in saved if not isinstance(s, torch.Tensor)]
-        ctx.save_for_backward(*_unalias_saved([s for s in saved if isinstance(s, torch.Tensor)], args,
-                                              graph.signature.mutated))
-        ctx.mark_non_differentiable(*(o for o, d in zip(outputs, graph.signature.differentiable) if not d))
+        if not plan.saved_all_tensors:
+            ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
+            ctx.sizes = [s for s in saved if not isinstance(s, torch.Tensor)]
+            saved = [s for s in saved if isinstance(s, torch.Tensor)]
+        ctx.save_for_backward(*_unalias_saved(saved, args, graph.signature.mutated))
+        if plan.non_differentiable:
+            ctx.mark_non_differentiable(*(outputs[k] for k in plan.non_differentiable))
         return tuple(outputs)
 
     @staticmethod
@@ -184,16 +224,28 @@ class _CompiledFunction(torch.autograd.Function):
                                "graph is not supported; compile with backend='eager' or run that "
                                "code eagerly (kiln.disable)")
         graph = ctx.graph
-        sig = graph.signature
+        plan, sig = graph.plan, graph.signature
         # the graph was traced with contiguous tangents; compiled code may assume their strides
-        tangents = [g.contiguous() for g, d in zip(grad_outputs, sig.differentiable) if d]
-        tensors, sizes = iter(ctx.saved_tensors), iter(ctx.sizes)
-        saved = [next(tensors) if is_tensor else next(sizes) for is_tensor in ctx.is_tensor]
-        grads = graph.backward(saved, tangents)
+        # (contiguous() returns a contiguous tangent itself, no copy)
+        if plan.all_differentiable:
+            tangents = [g.contiguous() for g in grad_outputs]
+        else:
+            tangents = [g.contiguous() for g, d in zip(grad_outputs, sig.differentiable) if d]
+        grads = graph.backward(_saved_values(ctx, plan), tangents)
+        if plan.all_inputs_need_grad:
+            return (None, *grads)
         grad_inputs = [None] * len(sig.requires_grad)
         for i, g in zip(sig.grad_inputs, grads):
             grad_inputs[i] = g
         return (None, *grad_inputs)
+
+
+def _saved_values(ctx, plan):
+    """The saved values in the backward graph's order: tensors and sizes merged back."""
+    if plan.saved_all_tensors:
+        return ctx.saved_tensors
+    tensors, sizes = iter(ctx.saved_tensors), iter(ctx.sizes)
+    return [next(tensors) if is_tensor else next(sizes) for is_tensor in ctx.is_tensor]
 
 
 def _unalias_saved(saved, args, mutated):
