@@ -196,12 +196,17 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
     result = cap.run()
     og = cap.og
     glue = Glue(og)
-    if isinstance(result, _Break):
-        tail, reason = _break_tail(cap, glue, result)
-    else:
-        ret = glue.value(result)
-        glue.replay_side_effects()
-        tail, reason = [f"return {ret}"], None
+    try:
+        if isinstance(result, _Break):
+            tail, reason = _break_tail(cap, glue, result)
+        else:
+            ret = glue.value(result)
+            glue.replay_side_effects()
+            tail, reason = [f"return {ret}"], None
+    except Unsupported as e:  # a value the glue cannot rebuild in Python (a grad-mode object not entered yet)
+        if fullgraph:
+            raise
+        raise EagerFrame(f"{e.msg}; {code.co_qualname} runs eagerly") from e
     og.watch.note(f"the values {code.co_qualname} returns or passes on")
     graph_fn, gm = _compile_graph(og, glue, backend, code)
     og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")

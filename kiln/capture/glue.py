@@ -5,12 +5,13 @@ the frame produced (return value, or the live stack and locals at a graph break)
 effects, and at a break runs the breaking construct natively and tail-calls the resume function
 through the runtime. Generated as Python source so KILN_LOGS=bytecode shows something readable.
 """
+import inspect
 import types
 
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
-                                    FreshObjectVariable, GradModeExit,
+                                    FreshObjectVariable, GeneratorVariable, GradModeExit,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable, TupleVariable)
 from kiln.capture.graph_builder import size_source
@@ -108,6 +109,8 @@ class Glue:
             return "slice(" + ", ".join(self.value(p) for p in var.parts) + ")"
         if isinstance(var, ExitVariable) and var.restores is not None:
             return self.const(GradModeExit.restoring(var.restores), "EXIT")
+        if isinstance(var, GeneratorVariable) and var.count == 0:
+            return self._unstarted_generator(var)
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
         if isinstance(var, CellVariable):
@@ -133,6 +136,21 @@ class Glue:
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
+
+    def _unstarted_generator(self, var):
+        """A generator not run yet (made just before a break): call its function again, natively."""
+        frame, code = var.frame, var.frame.code
+        cells = "".join(self.value(frame.cells[n]) + ", " for n in code.co_freevars)
+        fn = (f"{self.const(types.FunctionType, 'FN')}({self.const(code, 'CODE')}, {self.const(frame.f_globals, 'GD')}, "
+              f"{code.co_name!r}, None, {'(' + cells + ')' if code.co_freevars else 'None'})")
+        names, nargs = code.co_varnames, code.co_argcount + code.co_kwonlyargcount
+        args = [self.value(frame.locals[n]) for n in names[:code.co_argcount]]
+        if code.co_flags & inspect.CO_VARARGS:
+            args.append("*" + self.value(frame.locals[names[nargs]]))
+        args += [f"{n}={self.value(frame.locals[n])}" for n in names[code.co_argcount:nargs]]
+        if code.co_flags & inspect.CO_VARKEYWORDS:
+            args.append("**" + self.value(frame.locals[names[nargs + bool(code.co_flags & inspect.CO_VARARGS)]]))
+        return f"{fn}({', '.join(args)})"
 
     def finish_values(self):
         """Fill attributes/cells of rebuilt objects (after all exist, so cycles work)."""

@@ -12,7 +12,8 @@ import sysconfig
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
 from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
-                                    FreshObjectVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
+                                    FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
+                                    IteratorVariable, ListVariable,
                                     NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
                                     TupleVariable, const)
 from kiln.exc import Unsupported
@@ -69,6 +70,13 @@ def instructions(code):
 _EXCEPTION_TABLES = {}
 
 
+class _Yielded:
+    """What a generator frame's run() returns when it stops at a yield."""
+
+    def __init__(self, value):
+        self.value = value
+
+
 class RealCell:
     """A closure cell that exists outside the capture: reads are guarded, writes are side effects."""
 
@@ -95,7 +103,7 @@ class Frame:
         self.ip = 0
         self.kw_names = None
         self.depth = 0 if parent is None else parent.depth + 1
-        self.yields = [] if code.co_flags & inspect.CO_GENERATOR else None
+        self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
         self.current = None
         if self.depth > MAX_INLINE_DEPTH:
             raise Unsupported("inlining depth limit reached (recursion?)")
@@ -130,7 +138,8 @@ class Frame:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self):
-        """Run to RETURN_VALUE; returns the returned Variable (an IteratorVariable for generators)."""
+        """Run to RETURN_VALUE and return the returned Variable; a generator frame also stops at each
+        yield, returning a _Yielded."""
         capture = self.capture
         while True:
             inst = self.insts[self.ip]
@@ -233,19 +242,23 @@ class Frame:
         self.push(const(None))
 
     def YIELD_VALUE(self, inst):
-        if self.yields is None:
+        if not self.is_generator:
             raise Unsupported("yield outside an inlined generator")
-        self.yields.append(self.pop())
-        if len(self.yields) > 100_000:
-            raise Unsupported("generator yields too many values")
-        self.push(const(None))
+        value = self.pop()
+        self.push(const(None))  # what the yield expression gives when next() resumes the frame
+        return (_Yielded(value),)
+
+    def resume_generator(self):
+        """Run this generator frame to its next yield: the yielded Variable, or None once it returns."""
+        out = self.run()
+        return out.value if isinstance(out, _Yielded) else None
 
     def GET_YIELD_FROM_ITER(self, inst):
         self.push(objects.get_iter(self, self.pop()))
 
     def SEND(self, inst):
         self.pop()  # the value sent in: always None for an inlined `yield from`
-        item = self.stack[-1].next() if isinstance(self.stack[-1], IteratorVariable) else None
+        item = self.stack[-1].next() if isinstance(self.stack[-1], (IteratorVariable, GeneratorVariable)) else None
         if item is None:
             self.stack[-1] = const(None)  # the sub-iterator's return value
             self.jump(inst)
@@ -253,10 +266,7 @@ class Frame:
             self.push(item)
 
     def RETURN_VALUE(self, inst):
-        value = self.pop()
-        if self.yields is not None:
-            return (IteratorVariable(self.yields),)
-        return (value,)
+        return (self.pop(),)
 
     # ---- names ----------------------------------------------------------------------------------
     def LOAD_CONST(self, inst):
@@ -567,7 +577,7 @@ class Frame:
 
     def FOR_ITER(self, inst):
         it = self.stack[-1]
-        if not isinstance(it, IteratorVariable):
+        if not isinstance(it, (IteratorVariable, GeneratorVariable)):
             raise Unsupported(f"iterating over {it!r}")
         item = it.next()
         if item is None:
@@ -701,6 +711,8 @@ def inline_call(parent, fn_code, f_globals, args, kwargs, defaults, kwdefaults, 
     for cname, cell in zip(fn_code.co_freevars, closure_cells or ()):
         cells[cname] = cell
     frame = Frame(parent.capture, fn_code, f_globals, bound, cells, parent=parent)
+    if frame.is_generator:
+        return GeneratorVariable(frame)  # runs as it is consumed
     return frame.run()
 
 

@@ -18,7 +18,7 @@ from kiln.capture.graph_builder import is_library_module
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
                                     DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
-                                    GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
+                                    GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable, const, is_constant)
 from kiln.exc import Unsupported
@@ -174,7 +174,7 @@ def truth(frame, v):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)")
     if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         return bool(v.items)
-    if isinstance(v, (FunctionVariable, MethodVariable, IteratorVariable, CellVariable)):
+    if isinstance(v, (FunctionVariable, MethodVariable, IteratorVariable, GeneratorVariable, CellVariable)):
         return True
     if isinstance(v, FreshObjectVariable):
         if _python_dunder(v.cls, "__bool__") or _python_dunder(v.cls, "__len__"):
@@ -207,7 +207,7 @@ def _python_dunder(cls, name):
 
 def contains(frame, container, item):
     if isinstance(container, TensorVariable) or isinstance(item, TensorVariable) and \
-            not isinstance(container, (ListVariable, TupleVariable)):
+            not isinstance(container, (ListVariable, TupleVariable, SetVariable)):  # a set: by identity
         raise Unsupported("`in` on a tensor's data")
     if isinstance(container, DictVariable):
         return dict_key(item) in container.items
@@ -392,6 +392,10 @@ def getitem(frame, obj, key):
                 raise Unsupported("module index out of range")
             og.guards.len_match(AttrSource(obj.source, "_modules"), mod._modules)
             return _child(og, obj, names[k])
+        if isinstance(mod, torch.nn.ModuleList) and isinstance(k, slice):
+            # the children themselves, as a list typed like the container (rebuilt as one at a break)
+            og.guards.len_match(AttrSource(obj.source, "_modules"), mod._modules)
+            return ListVariable([_child(og, obj, n) for n in list(mod._modules)[k]], cls=type(mod))
         if isinstance(mod, torch.nn.ModuleDict) and isinstance(k, str):
             return _child(og, obj, k)
         if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
@@ -439,6 +443,11 @@ def unpack_iterable(frame, v):
         items = v.items[v.pos:]
         v.pos = len(v.items)
         return items
+    if isinstance(v, GeneratorVariable):
+        items = []
+        while (item := v.next()) is not None:
+            items.append(item)
+        return items
     if isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, str, range, frozenset, bytes, torch.Size)):
         return [const(x) for x in v.value]
     if isinstance(v, TensorVariable):
@@ -470,7 +479,7 @@ def og_param(og, mod_var, name):
 
 
 def get_iter(frame, v):
-    if isinstance(v, IteratorVariable):
+    if isinstance(v, (IteratorVariable, GeneratorVariable)):
         return v
     return IteratorVariable(unpack_iterable(frame, v))
 

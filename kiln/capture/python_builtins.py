@@ -13,7 +13,8 @@ from kiln.capture.objects import (apply_operator, call, const_value, describe, d
                                   getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
-                                    IteratorVariable, ListVariable, MethodVariable, ObjectVariable, SetVariable,
+                                    GeneratorVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
+                                    SetVariable,
                                     SuperVariable, TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
@@ -268,7 +269,7 @@ def _iterable_builtin(fn):
 
 def _b_next(frame, args, kwargs):
     it = args[0]
-    if not isinstance(it, IteratorVariable):
+    if not isinstance(it, (IteratorVariable, GeneratorVariable)):
         raise Unsupported(f"next() on {describe(it)}")
     item = it.next()
     if item is None:

@@ -15,6 +15,8 @@ import types
 
 import torch
 
+from kiln.exc import Unsupported
+
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), type(NotImplemented),
                    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, range, slice,
@@ -277,6 +279,30 @@ class IteratorVariable(Variable):
             return None
         self.pos += 1
         return self.items[self.pos - 1]
+
+
+class GeneratorVariable(Variable):
+    """A generator made during capture by calling a generator function. Its frame runs lazily, to the
+    next yield on each `next()`, so its side effects interleave with its consumer's as in CPython."""
+    MAX_ITEMS = 100_000
+
+    def __init__(self, frame):
+        self.frame, self.done, self.count = frame, False, 0
+
+    def python_type(self):
+        return types.GeneratorType
+
+    def next(self):
+        """The next yielded Variable, or None once the generator has returned."""
+        if self.done:
+            return None
+        self.count += 1
+        if self.count > self.MAX_ITEMS:
+            raise Unsupported("generator yields too many values")
+        item = self.frame.resume_generator()
+        if item is None:
+            self.done = True
+        return item
 
 
 class SuperVariable(Variable):

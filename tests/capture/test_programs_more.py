@@ -857,3 +857,73 @@ def test_exception_leaving_a_grad_mode_block_restores_the_mode():
     check_calls(inside_try, [(t(3), w), (t(3), w)])
     check_calls(after_break, [(t(3), w, False), (t(3), w, True), (t(3), w, False)])
     assert torch.is_grad_enabled()
+
+
+# ---- generators run as they are consumed ----------------------------------------------------------
+def _appending(lst, n):
+    for i in range(n):
+        lst.append(i)
+        yield i
+
+
+class _Flag:
+    on = False
+
+
+def _flagged():
+    _Flag.on = True
+    yield 1
+    _Flag.on = False
+
+
+def test_generator_side_effects_interleave_with_the_consumer():
+    def f(x, lst):
+        seen = []
+        for _ in _appending(lst, 3):
+            seen.append(len(lst))
+        inside = [x + 10 if _Flag.on else x for _ in _flagged()]
+        return x, seen, inside, _Flag.on
+    check_calls(f, [(t(2), []), (t(2), [7])])
+
+
+def test_generator_made_before_a_graph_break_is_consumed_after_it():
+    def f(x, xs):
+        g = (v * 2 for v in xs)
+        print("", end="")
+        return sum(g) + x
+    check_calls(f, [(t(2), [t(2), t(2)]), (t(2), [t(2)])])
+
+
+def test_partially_consumed_generator_across_a_break():
+    def f(x):
+        g = (x * i for i in range(4))
+        first = next(g)
+        print("", end="")
+        return first, list(g)
+    check_calls(f, [(t(2),), (t(2),)])
+
+
+def test_grad_mode_object_live_at_a_break():
+    def f(x):
+        ctx = torch.no_grad()
+        print("", end="")
+        with ctx:
+            return x * 2
+    check_calls(f, [(t(2).requires_grad_(),), (t(2),)])
+
+
+class _Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+
+    def forward(self, x):
+        for layer in self.layers[:2]:
+            x = layer(x)
+        for layer in self.layers[2:][::-1]:
+            x = x + layer(x)
+        return x, len(self.layers[1:]), isinstance(self.layers[:1], nn.ModuleList)
+
+
+def test_module_list_slices_stay_in_one_graph():
+    check_module_calls(_Blocks, [(t(2, 4),), (t(2, 4),)], graphs=1)
