@@ -61,7 +61,7 @@ class _GradModeVariants:
 
     def _key(self, args):
         """(any gradient to compute, which inputs require grad)."""
-        requires = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        requires = tuple([isinstance(a, torch.Tensor) and a.requires_grad for a in args])
         return torch.is_grad_enabled() and (self.params_need_grad or any(requires)), requires
 
     def _compile(self, example_inputs):
