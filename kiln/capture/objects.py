@@ -278,6 +278,8 @@ def apply_operator(frame, op, args):
                 isinstance(b, ConstantVariable) and type(b.value) is int:
             items = a.items * b.value
             return ListVariable(items) if isinstance(a, ListVariable) else _tuple_like([a], items)
+        if op in (operator.eq, operator.ne) and (_python_eq(a) or _python_eq(b)):
+            return _user_equality(frame, op, a, b)
         if op in (operator.eq, operator.ne):
             if isinstance(a, (ObjectVariable, ConstantVariable)) and isinstance(b, (ObjectVariable, ConstantVariable)) \
                     and not _opaque(a, b):
@@ -303,6 +305,40 @@ def apply_operator(frame, op, args):
             except Exception as e:
                 raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
+
+
+def _python_eq(v):
+    return isinstance(v, (ObjectVariable, FreshObjectVariable)) and \
+        (_python_dunder(v.python_type(), "__eq__") or _python_dunder(v.python_type(), "__ne__"))
+
+
+def _user_equality(frame, op, a, b):
+    """`a == b` / `a != b` with a class that defines __eq__ in Python, in CPython's order: the left
+    operand's method, then the reflected one when it returns NotImplemented, identity last (a subclass
+    on the right overriding the method goes first)."""
+    order = [(a, b), (b, a)]
+    left, right = a.python_type(), b.python_type()
+    if right is not left and issubclass(right, left) and _python_dunder(right, "__eq__"):
+        order.reverse()
+    for x, y in order:
+        if not isinstance(x, (ObjectVariable, FreshObjectVariable)):
+            continue
+        cls = x.python_type()
+        if op is operator.ne and _python_dunder(cls, "__ne__"):
+            result = call(frame, getattr_var(frame, x, "__ne__"), [y], {})
+        elif _python_dunder(cls, "__eq__"):
+            result = call(frame, getattr_var(frame, x, "__eq__"), [y], {})
+            if op is operator.ne and not _not_implemented(result):
+                return const(not truth(frame, result))
+        else:
+            continue
+        if not _not_implemented(result):
+            return result
+    return const(is_same(a, b) == (op is operator.eq))
+
+
+def _not_implemented(v):
+    return isinstance(v, (ConstantVariable, ObjectVariable)) and v.value is NotImplemented
 
 
 _SET_OPS = (operator.or_, operator.and_, operator.sub, operator.xor, operator.ior, operator.iand, operator.isub,

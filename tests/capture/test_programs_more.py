@@ -927,3 +927,29 @@ class _Blocks(nn.Module):
 
 def test_module_list_slices_stay_in_one_graph():
     check_module_calls(_Blocks, [(t(2, 4),), (t(2, 4),)], graphs=1)
+
+
+class _Version:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, _Version) and other.v == self.v
+
+    __hash__ = None
+
+
+class _Exact(_Version):
+    def __eq__(self, other):
+        return NotImplemented if not isinstance(other, _Exact) else other.v == self.v
+
+    __hash__ = None
+
+
+@pytest.mark.torch_differs("raises an internal error comparing dataclasses whose float field turned dynamic")
+def test_equality_runs_the_classes_own_eq():
+    def f(x, ver, cfg):
+        made = _Version(2)
+        return (x * 2 if ver == made else x, ver != made, made == ver, cfg == Cfg(2.0), cfg != Cfg(2.0),
+                _Exact(2) == made, made == _Exact(2), made == None)  # noqa: E711
+    check_calls(f, [(t(3), _Version(2), Cfg(2.0)), (t(3), _Version(3), Cfg(1.0)), (t(3), _Exact(2), Cfg(2.0, False))])
