@@ -709,6 +709,8 @@ def prod(ctx, x, dim=None, keepdim=False, dtype=None):
     check_real(x)
     if isinstance(dim, torch.dtype):
         dim, dtype = None, dim
+    if ctx.out_meta().dtype == torch.float16:  # kernels accumulate halves in float: 256*256/256 is no inf
+        raise Fallback("float16 prod: eager rounds every partial product to float16")
     return reduction(ctx, x, reduce_dims(x, dim), keepdim, "prod", ctx.out_meta().dtype)
 
 

@@ -131,3 +131,11 @@ def test_bool_tensor_to_a_bool_power_stays_bool():
     def fn(a):
         return a ** False, a ** True
     check(fn, lambda: (torch.tensor([True, False, True]),))
+
+
+def test_float16_prod_rounds_partial_products_as_eager():
+    # eager multiplies float16 partial products in float16 (256 * 256 overflows to inf); kiln's
+    # kernels accumulated in float and gave 1
+    def fn(a):
+        return a.prod(), a.view(2, 2).prod(1)
+    check(fn, lambda: (torch.tensor([256.0, 256.0, 1 / 256, 1 / 256], dtype=torch.float16),))
