@@ -3,6 +3,7 @@ dtypes, Python values, flags), so guards and recompiles are exercised: results, 
 arguments afterwards and outside state (globals, RNG) must match eager, and the graph counts are the
 ones torch.compile gives (KILN_TEST_PEER=torch)."""
 import collections
+import collections.abc
 import dataclasses
 import enum
 import functools
