@@ -71,7 +71,9 @@ def dims_for(dynamic, changed, t, source, frame):
     if dynamic is True and not _module_state(t, source):
         wanted.update({d: "dynamic=True" for d in range(t.dim()) if d not in wanted})
     elif dynamic is None:
-        wanted.update({d: "automatic dynamic (its size changed between calls)" for d in changed if d not in wanted})
+        # dims seen changing on an earlier tensor from this source that had more dims do not apply
+        wanted.update({d: "automatic dynamic (its size changed between calls)" for d in changed
+                       if d not in wanted and d < t.dim()})
     dims = {}
     for d, why in sorted(wanted.items()):
         _check_bounds(t, d, marks.get(d), source)

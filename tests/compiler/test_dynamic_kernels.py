@@ -227,3 +227,15 @@ def test_backend_specialization_adds_a_guard_and_recompiles():
         x = randn(n, 3)
         torch.testing.assert_close(compiled(x), fn(x))
     assert decisions == [True, False]
+
+
+def test_a_source_whose_rank_changes_keeps_compiling():
+    """Automatic dynamic remembers dim 2 of a 3-d input changing; a later 2-d input from the same
+    source (one code object serves many modules' calls) must not trip over that dim."""
+    counter = CompileCounter()
+    fn = lambda x: x * 2  # noqa: E731
+    compiled = kiln.compile(fn, backend=counter)
+    for shape in ((2, 3, 4), (2, 3, 5), (2, 3), (2, 4)):
+        x = randn(*shape)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert counter.frame_count == 4  # static, dim 2 dynamic, 2-d static, 2-d dim 1 dynamic
