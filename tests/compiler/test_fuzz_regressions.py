@@ -139,3 +139,11 @@ def test_float16_prod_rounds_partial_products_as_eager():
     def fn(a):
         return a.prod(), a.view(2, 2).prod(1)
     check(fn, lambda: (torch.tensor([256.0, 256.0, 1 / 256, 1 / 256], dtype=torch.float16),))
+
+
+def test_negation_of_a_negative_constant_compiles():
+    # neg of a negative literal printed as (--0.5f): a C++ decrement, which did not build
+    def fn(a):
+        t = a.fill_(-0.5)
+        return torch.log_softmax(t, -1), t.neg_()
+    check(fn, lambda: (torch.zeros(3, 5),), exact=False)

@@ -305,7 +305,7 @@ class ExprPrinter:
         if op in UNARY_CALLS:
             return f"{UNARY_CALLS[op]}({args[0]})"
         simple = {
-            "neg": "(-{0})", "abs": "std::abs({0})", "rsqrt": "(({t})1 / std::sqrt({0}))",
+            "neg": "(-({0}))", "abs": "std::abs({0})", "rsqrt": "(({t})1 / std::sqrt({0}))",
             "reciprocal": "(({t})1 / {0})",
             "bitwise_not": "(~{0})", "logical_not": "(!{0})", "isnan": "({0} != {0})",
             "logical_xor": "((bool){0} != (bool){1})", "where": "({0} ? {1} : {2})",
