@@ -624,9 +624,11 @@ def _object_attr(frame, obj, name, plain=False):
             attr = getattr(value, name)
         except AttributeError as e:
             raise Unsupported(f"AttributeError: {e}") from e
-        # attributes of library modules (torch.sin) are fixed: no guard per function used
-        return og.wrap(attr, AttrSource(source, name) if source else None,
-                       guard=source is not None and not is_library_module(value))
+        # functions and classes of library modules (torch.sin) are fixed: no guard per function used;
+        # their flags (torch.backends.cudnn.enabled) are settings a program may change between calls
+        flag = type(attr) in (bool, int, float, str)
+        return og.wrap(attr, AttrSource(source if source is not None else ConstSource(value), name),
+                       guard=flag or not is_library_module(value))
     if isinstance(value, torch.nn.Module):
         d = value.__dict__
         if name in d:

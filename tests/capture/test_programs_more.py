@@ -954,3 +954,21 @@ def test_equality_runs_the_classes_own_eq():
         return (x * 2 if ver == made else x, ver != made, made == ver, cfg == Cfg(2.0), cfg != Cfg(2.0),
                 _Exact(2) == made, made == _Exact(2), made == None)  # noqa: E711
     check_calls(f, [(t(3), _Version(2), Cfg(2.0)), (t(3), _Version(3), Cfg(1.0)), (t(3), _Exact(2), Cfg(2.0, False))])
+
+
+def test_library_flags_read_by_the_program_are_guarded():
+    def f(x):
+        return x + 1 if torch.backends.cudnn.enabled else x - 1
+
+    def imported_inside(x):
+        import torch.backends.cudnn as cudnn
+        return x * 2 if cudnn.enabled else x
+    before = torch.backends.cudnn.enabled
+    for fn in (f, imported_inside):
+        compiled = kiln.compile(fn, backend=CompileCounter())
+        try:
+            for flag in (True, False, True):
+                torch.backends.cudnn.enabled = flag
+                torch.testing.assert_close(compiled(torch.zeros(2)), fn(torch.zeros(2)))
+        finally:
+            torch.backends.cudnn.enabled = before
