@@ -10,7 +10,7 @@ import operator
 import torch
 
 from kiln.capture.objects import (apply_operator, call, const_value, describe, dict_items, dict_key, fold_natively,
-                                  getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
+                                  get_iter, getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
                                     GeneratorVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
@@ -315,9 +315,13 @@ def _b_set(frame, args, kwargs):
 
 def _reducing(fn):
     def handler(frame, args, kwargs):
+        if fn in (any, all):  # stops at the first deciding item, as CPython does (later items never run)
+            it = get_iter(frame, args[0])
+            while (item := it.next()) is not None:
+                if truth(frame, item) == (fn is any):
+                    return const(fn is any)
+            return const(fn is all)
         items = unpack_iterable(frame, args[0])
-        if fn in (any, all):
-            return const(fn(truth(frame, i) for i in items))
         result = args[1] if len(args) > 1 else kwargs.get("start", const(0))
         for i in items:
             result = apply_operator(frame, operator.add, [result, i])

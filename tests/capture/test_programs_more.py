@@ -972,3 +972,12 @@ def test_library_flags_read_by_the_program_are_guarded():
                 torch.testing.assert_close(compiled(torch.zeros(2)), fn(torch.zeros(2)))
         finally:
             torch.backends.cudnn.enabled = before
+
+
+def test_any_and_all_stop_at_the_deciding_item():
+    def f(x, d, keys):
+        found = any(d[k] > 1 for k in keys)
+        none_negative = not all(d[k] < 0 for k in keys)
+        return x * (2 if found else 1), none_negative
+    check_calls(f, [(t(2), {"a": 2}, ["a", "missing"]), (t(2), {"a": 0, "b": 5}, ["a", "b", "missing"]),
+                    (t(2), {"a": 1, "b": 1}, ["a", "b"])], graphs=3)
