@@ -41,7 +41,9 @@ FUSIBLE_EXTRAS = (
 def _copy(self, src, non_blocking=False):
     """aten.copy (what functionalization makes of `x.copy_(src)`): src cast to x's dtype,
     broadcast to x's shape."""
-    return src.to(dtype=self.dtype, device=self.device).expand(self.shape)
+    # copy=True: the result is x's new value, never a view of src (an output aliasing src
+    # would see src's later in-place changes, which x in eager does not)
+    return src.to(dtype=self.dtype, device=self.device, copy=True).expand(self.shape)
 
 
 def _pow_bool(self, exponent):

@@ -147,3 +147,13 @@ def test_negation_of_a_negative_constant_compiles():
         t = a.fill_(-0.5)
         return torch.log_softmax(t, -1), t.neg_()
     check(fn, lambda: (torch.zeros(3, 5),), exact=False)
+
+
+def test_copy_into_an_intermediate_is_not_a_view_of_the_source():
+    # x.copy_(src) decomposed to a view of src: the output aliased input a3, and a3.sigmoid_()
+    # then changed the returned t6
+    def fn(a2, a3):
+        t6 = a2.sin().to(torch.float64).copy_(a3)
+        a3.sigmoid_()
+        return t6
+    check(fn, lambda: (torch.ones(2, 3), torch.arange(3.0, dtype=torch.float64).view(1, 3)), exact=False)
