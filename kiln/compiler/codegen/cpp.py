@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from kiln.compiler import ir
+from kiln.compiler.codegen import cpp_columns
 from kiln.compiler.schedule import Kernel, kernel_stages, loop_var
 
 CTYPES = {
@@ -399,6 +400,8 @@ class KernelWriter:
         outer_printer = ExprPrinter(body, body_indent, self.pointers, self.locals)
         stages = kernel_stages(k)
         pointwise_only = k.rnumel == 1 and not any(n.is_reduction for n in k.nodes)
+        if not pointwise_only and cpp_columns.fits(self, stages):  # x.sum(0): vectorize across columns
+            return lines + cpp_columns.write_columns(self, stages, parallel) + ["  }"]
         for stage in stages:
             if pointwise_only:
                 self.write_inner_body(stage, outer_printer)
@@ -517,10 +520,7 @@ class KernelWriter:
         reductions = [n for n in stage if n.is_reduction]
         accs, clauses = {}, []
         for n in reductions:
-            acc_ctype = compute_ctype(n.body.dtype)
-            if n.reduction_type == "sum" and acc_ctype == "float" and (
-                    not k.rnumel.is_number or int(k.rnumel) >= DOUBLE_ACCUMULATE_FROM):
-                acc_ctype = "double"
+            acc_ctype = self.accumulator_ctype(n)
             acc = f"acc_{n.name}"
             accs[n.name] = (acc, acc_ctype)
             if n.reduction_type in ir.ARG_REDUCTIONS:
@@ -534,13 +534,7 @@ class KernelWriter:
         loop_lines = []
         inner_indent = indent + max(len(self.inner), 0) + (1 if not self.inner else 0)
         printer = ExprPrinter(loop_lines, inner_indent, self.pointers, self.locals, self.rows, set(self.locals))
-        for node in stage:
-            printer.mapping = self.maps[node.name]
-            value = printer.expr(node.body)
-            if node.is_reduction:
-                self.accumulate(node, value, accs[node.name], printer)
-            else:
-                self.finish_value(node, value, printer)
+        self.write_loop_body(stage, accs, printer)
         if not self.inner:
             body.append(f"{pad}{{")
             body += loop_lines
@@ -566,12 +560,35 @@ class KernelWriter:
         for node in reductions:
             acc, _ = accs[node.name]
             result = f"{acc}_i" if node.reduction_type in ir.ARG_REDUCTIONS else acc
-            ctype = compute_ctype(node.layout.dtype)
-            value = f"({ctype}){result}"
-            if node.layout.dtype in ir.HALF_DTYPES:
-                value = f"kiln_round_{'f16' if node.layout.dtype == torch.float16 else 'bf16'}((float){result})"
             outer_printer.mapping = self.maps[node.name]
-            self.finish_value(node, value, outer_printer)
+            self.finish_value(node, self.reduction_result(node, result), outer_printer)
+
+    def accumulator_ctype(self, node):
+        """The C++ type a reduction accumulates in: long float sums in double."""
+        acc_ctype = compute_ctype(node.body.dtype)
+        rnumel = self.kernel.rnumel
+        if node.reduction_type == "sum" and acc_ctype == "float" and (
+                not rnumel.is_number or int(rnumel) >= DOUBLE_ACCUMULATE_FROM):
+            return "double"
+        return acc_ctype
+
+    @staticmethod
+    def reduction_result(node, result):
+        """C++ for the reduction's value from its accumulator `result`, in the node's dtype."""
+        dtype = node.layout.dtype
+        if dtype in ir.HALF_DTYPES:
+            return f"kiln_round_{'f16' if dtype == torch.float16 else 'bf16'}((float){result})"
+        return f"({compute_ctype(dtype)}){result}"
+
+    def write_loop_body(self, stage, accs, printer):
+        """The body of a stage's reduction loop: reductions accumulate, other nodes are computed."""
+        for node in stage:
+            printer.mapping = self.maps[node.name]
+            value = printer.expr(node.body)
+            if node.is_reduction:
+                self.accumulate(node, value, accs[node.name], printer)
+            else:
+                self.finish_value(node, value, printer)
 
     def accumulate(self, node, value, acc_info, printer):
         acc, acc_ctype = acc_info
