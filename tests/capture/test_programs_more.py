@@ -963,15 +963,12 @@ def test_library_flags_read_by_the_program_are_guarded():
     def imported_inside(x):
         import torch.backends.cudnn as cudnn
         return x * 2 if cudnn.enabled else x
-    before = torch.backends.cudnn.enabled
+    # flags() sets the flag even where torch's test utilities froze direct assignment
     for fn in (f, imported_inside):
         compiled = kiln.compile(fn, backend=CompileCounter())
-        try:
-            for flag in (True, False, True):
-                torch.backends.cudnn.enabled = flag
+        for flag in (True, False, True):
+            with torch.backends.cudnn.flags(enabled=flag):
                 torch.testing.assert_close(compiled(torch.zeros(2)), fn(torch.zeros(2)))
-        finally:
-            torch.backends.cudnn.enabled = before
 
 
 def test_any_and_all_stop_at_the_deciding_item():
