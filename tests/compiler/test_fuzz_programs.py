@@ -22,7 +22,7 @@ remainder, any/all) take exact operands only: on an inexact value a 1-ulp differ
 fine, would flip the result. Exact outputs are compared bit for bit; inexact ones with a
 tolerance. Ops whose eager result is itself ill-defined are not generated (see `EXCLUDED`).
 
-KILN_FUZZ_N sets how many programs run (default 240), KILN_FUZZ_SEED0 the first seed.
+KILN_FUZZ_N sets how many programs run (default 300), KILN_FUZZ_SEED0 the first seed.
 """
 import copy
 import dataclasses
@@ -37,7 +37,7 @@ import torch
 
 import kiln
 
-N_PROGRAMS = int(os.environ.get("KILN_FUZZ_N", "240"))
+N_PROGRAMS = int(os.environ.get("KILN_FUZZ_N", "300"))
 SEED0 = int(os.environ.get("KILN_FUZZ_SEED0", "0"))
 BATCH = 12
 GRID, BOUND, SUM_BOUND = 2.0 ** -8, 2.0 ** 14, 2.0 ** 15
@@ -65,6 +65,7 @@ SIGN_SENSITIVE = ("signbit", "/", "atan2", "reciprocal", "rsqrt", "**", "fmod", 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int64, torch.int32)
+SMALL_INT_DTYPES = (torch.int16, torch.uint8)  # uint8 wraps modulo 256, as C++ unsigned arithmetic
 SIZES = (1, 1, 2, 3, 4, 5, 7, 8, 13, 16, 33)
 GRID_SCALARS = (0.5, -1.25, 2.0, 3, -2, 1, 0, 0.25, -0.5, 4.0)
 OTHER_SCALARS = (0.3, 1e-3, 7.1, -2.7, float("inf"), float("nan"))
@@ -201,7 +202,7 @@ class ProgramGen:
         if r < 0.67:
             return torch.float64
         if r < 0.87:
-            return self.rng.choice(INT_DTYPES)
+            return self.rng.choice(INT_DTYPES + SMALL_INT_DTYPES if self.rng.random() < 0.15 else INT_DTYPES)
         return torch.bool
 
     def new_input(self, shape=None, dtype=None, kind=None, low=0, high=0):
