@@ -106,3 +106,10 @@ def test_bias_gradient_in_a_training_step():
     ref(x).square().mean().backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_norm_weight_gradient_pattern():
+    # sum over rows of grad * (x - mean[row]) * rstd[row]: per-row values do not decide the loop order
+    def fn(g, x, mean, rstd):
+        return (g * (x - mean[:, None]) * rstd[:, None]).sum(0)
+    check(fn, rand(300, 96), rand(300, 96, seed=1), rand(300, seed=2), rand(300, seed=3).abs())

@@ -55,13 +55,14 @@ def _walks_columns(writer, stage):
 
 
 def _favours_columns(x_stride, r_stride):
-    """+1 if a load with these strides is better walked along x, -1 along r, 0 if no matter."""
-    if r_stride == 1 or x_stride == 0:
-        return -1 if r_stride == 1 else 0
-    if x_stride == 1:
-        return 1
+    """+1 if a load with these strides is better walked along x, -1 along r, 0 if no matter (a
+    load fixed along either dim, like a per-row mean or a per-column bias, is cheap both ways)."""
+    if x_stride == 0 or r_stride == 0:
+        return 0
+    if r_stride == 1 or x_stride == 1:
+        return -1 if r_stride == 1 else 1
     if x_stride.is_number and r_stride.is_number:
-        return 1 if 0 < abs(x_stride) < abs(r_stride) or r_stride == 0 else -1
+        return 1 if abs(x_stride) < abs(r_stride) else -1
     return 0
 
 
