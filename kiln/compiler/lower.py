@@ -218,7 +218,12 @@ class GraphLowering(LoweringContext):
                 continue
             meta = out.meta["val"]
             layout = sym_layout(meta)
-            if value.view is not None and value.view.layout == layout == self.buffer_by_name[value.view.name].layout:
+            if value.view is not None and isinstance(self.buffer_by_name[value.view.name],
+                                                     (ir.InputBuffer, ir.ConstantBuffer)) and not _is_input_alias(out):
+                # an input's elements (floor of ints, clone: identity lowerings) that eager returns
+                # as a fresh tensor: a copy, or a later write to the input would change it
+                self.outputs.append(("buffer", self.realize(value, layout).view.name, None))
+            elif value.view is not None and value.view.layout == layout == self.buffer_by_name[value.view.name].layout:
                 self.outputs.append(("buffer", value.view.name, None))
             elif value.view is not None and isinstance(self.buffer_by_name[value.view.name],
                                                        (ir.InputBuffer, ir.ExternBuffer, ir.ConstantBuffer)):
@@ -226,3 +231,15 @@ class GraphLowering(LoweringContext):
                 self.outputs.append(("buffer", value.view.name, value.view.layout))
             else:
                 self.outputs.append(("buffer", self.realize(value, layout).view.name, None))
+
+
+def _is_input_alias(node):
+    """Whether eager's value of `node` is a graph input (or module tensor) or a view of one."""
+    from kiln.compiler.aot import _is_view  # the alias rule the aot step rebuilds outputs by
+    while isinstance(node, torch.fx.Node):
+        if node.op in ("placeholder", "get_attr"):
+            return True
+        if not _is_view(node):
+            return False
+        node = node.args[0]
+    return False

@@ -157,3 +157,19 @@ def test_copy_into_an_intermediate_is_not_a_view_of_the_source():
         a3.sigmoid_()
         return t6
     check(fn, lambda: (torch.ones(2, 3), torch.arange(3.0, dtype=torch.float64).view(1, 3)), exact=False)
+
+
+def test_identity_lowered_output_is_not_the_input():
+    # floor of ints and clone lower to the input's own elements; the output was the input's
+    # buffer, so the later a.mul_(2) changed the returned t0 (and x.clone() shared x's memory)
+    def fn(a):
+        t0 = torch.floor(a)
+        a.mul_(2)
+        return t0
+    check(fn, lambda: (torch.arange(-4, 8, dtype=torch.int32).view(3, 4).t(),))
+
+    def clone(x):
+        return x.clone(), x.t()
+    x = torch.arange(6.0).view(2, 3)
+    c, t = kiln.compile(clone)(x)
+    assert c.data_ptr() != x.data_ptr() and t.data_ptr() == x.data_ptr()
