@@ -40,7 +40,7 @@ import torch.utils._pytree as pytree
 from kiln.compiler import build
 from kiln.debug.logs import log
 
-FORMAT = 1
+FORMAT = 2  # 2: runner metadata holds output_views
 _LIBRARY_MODULES = ("torch", "operator", "_operator", "math", "builtins")  # graph targets we can name
 _WRAPPER_MODULES = _LIBRARY_MODULES + ("ctypes", "kiln")                     # ... and wrapper globals
 _LITERALS = (type(None), bool, int, float, str)
@@ -375,7 +375,8 @@ def _runner_metadata(aten, module_tensors):
         mutated_attrs.append(module_tensors[id(t)])
     return {"num_user_outputs": aten.num_user_outputs, "mutated_inputs": list(aten.mutated_inputs),
             "out_spec": out_spec, "mutated_attrs": mutated_attrs,
-            "output_aliases": [[a.output_index, a.input_index, a.view] for a in aten.output_aliases]}
+            "output_aliases": [[a.output_index, a.input_index, a.view] for a in aten.output_aliases],
+            "output_views": [[v.output_index, v.base_index, v.view, v.base_layout] for v in aten.output_views]}
 
 
 # ---- loading --------------------------------------------------------------------------------------
@@ -401,10 +402,17 @@ def _load(entry, gm, example_inputs, options):
         out_spec=pytree.treespec_loads(meta["out_spec"]),
         mutated_attrs=[operator.attrgetter(path)(gm) for path in meta["mutated_attrs"]],
         output_aliases=[aot.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
-                        for k, i, view in meta["output_aliases"]])
+                        for k, i, view in meta["output_aliases"]],
+        output_views=[aot.OutputView(k, base, _tuples(view), _tuples(base_layout))
+                      for k, base, view, base_layout in meta["output_views"]])
     runner = aot.make_runner(aten, flat_fn)
     runner.kiln_aten = _AtenOnDemand(gm, [_placeholder_like(x) for x in example_inputs], options)
     return runner
+
+
+def _tuples(value):
+    """JSON lists back to the nested tuples aot's layouts are."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _rebuild(desc, gm, lib):

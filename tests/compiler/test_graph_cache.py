@@ -291,3 +291,16 @@ def test_capture_makes_a_shape_env_only_when_needed(monkeypatch, program, dynami
 
 if __name__ == "__main__":
     _child(int(sys.argv[1]))
+
+
+def test_an_output_viewing_another_keeps_the_link_after_a_load(cache):
+    def views_of_one_result(x):
+        t = x * 2
+        return t, t[:, 1:]
+    for expect in ((0, 1, 1), (1, 1, 1)):  # compiled and stored, then loaded from the cache
+        compiled = compile_and_check(views_of_one_result, torch.randn(3, 4))
+        assert counts() == expect
+        whole, part = compiled(torch.randn(3, 4))
+        assert _same_storage(whole, part)
+        whole.add_(1)  # in eager the view sees the write
+        torch.testing.assert_close(part, whole[:, 1:])
