@@ -133,7 +133,10 @@ static inline float kiln_tanh(float x) {
   float big = 1.0f - 2.0f / (kiln_exp(2.0f * ax) + 1.0f);
   big = x < 0 ? -big : big;
   float r = ax < 0.625f ? small : big;
-  return (x != x || x == 0.0f) ? x : r;  // NaN, and -0.0 (the polynomial gives +0.0), as eager
+  // NaN, and -0.0 (the polynomial gives +0.0), as eager; two selects, not one with ||, which
+  // gcc does not vectorize
+  r = x == 0.0f ? x : r;
+  return x != x ? x : r;
 }
 static inline double kiln_tanh(double x) { return std::tanh(x); }
 // erf as eager's vectorized CPU kernel computes it (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7)
@@ -143,7 +146,8 @@ static inline float kiln_erf(float x) {
   float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
   float r = 1.0f - y * kiln_exp(-ax * ax);
   r = x < 0 ? -r : r;
-  return (x != x || x == 0.0f) ? x : r;  // NaN, and -0.0 (1 - y*exp gives +0.0), as eager
+  r = x == 0.0f ? x : r;  // -0.0 (1 - y*exp gives +0.0), and NaN, as eager (two selects: see tanh)
+  return x != x ? x : r;
 }
 static inline double kiln_erf(double x) { return std::erf(x); }
 template <typename T> static inline T kiln_sigmoid(T x) { return T(1) / (T(1) + kiln_exp(-x)); }
