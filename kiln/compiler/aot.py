@@ -443,13 +443,13 @@ def _write_back(pairs):
             target.copy_(value)
 
 
-def _rebuilder(spec):
-    """flat user outputs -> their structure; the common shapes skip pytree (a microsecond a call)."""
+def rebuilder(spec):
+    """flat user outputs (a list or tuple) -> their structure; the common shapes skip pytree (a microsecond a call)."""
     if spec.is_leaf():
         return operator.itemgetter(0)
     if spec.type is tuple and all(spec.child(i).is_leaf() for i in range(spec.num_children)):
         return tuple
-    return lambda flat: pytree.tree_unflatten(flat, spec)
+    return lambda flat: pytree.tree_unflatten(list(flat), spec)
 
 
 def make_runner(aten: AtenGraph, flat_fn):
@@ -461,7 +461,7 @@ def make_runner(aten: AtenGraph, flat_fn):
     attr_writes = [(t, n_user + len(input_writes) + k) for k, t in enumerate(aten.mutated_attrs)]
     aliases = [(a.output_index, a.input_index, a.view) for a in aten.output_aliases]
     views = [(v.output_index, v.base_index, v.view, v.base_layout) for v in aten.output_views]
-    rebuild = _rebuilder(aten.out_spec)
+    rebuild = rebuilder(aten.out_spec)
 
     def run(*args):
         outs = flat_fn(*args)

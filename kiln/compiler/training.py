@@ -21,14 +21,13 @@ compiled forward and backward serve every size. Double backward through the comp
 is refused with an error (it is not differentiable), never answered with a wrong gradient.
 """
 import dataclasses
-import operator
 
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.compiler.aot import trace_aten
+from kiln.compiler.aot import rebuilder, trace_aten
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
 from kiln.debug.logs import enabled, log
@@ -182,19 +181,10 @@ class RuntimePlan:
         differentiable = sig.differentiable
         outputs_are_results = not sig.mutated and not sig.aliases
         return RuntimePlan(
-            outputs_are_results, _rebuilder(sig.out_spec) if outputs_are_results else None,
+            outputs_are_results, rebuilder(sig.out_spec) if outputs_are_results else None,
             all(isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor) for n in saved),
             tuple(k for k, d in enumerate(differentiable) if not d), all(differentiable),
             all(sig.requires_grad))
-
-
-def _rebuilder(spec):
-    """results -> the structure `spec` describes, without pytree for a leaf or a flat tuple."""
-    if spec.is_leaf():
-        return operator.itemgetter(0)
-    if spec.type is tuple and all(child.is_leaf() for child in spec.children()):
-        return lambda results: results
-    return lambda results: pytree.tree_unflatten(list(results), spec)
 
 
 class _CompiledFunction(torch.autograd.Function):
