@@ -294,12 +294,12 @@ def _check_functional(graph):
             raise KilnError(f"aot left a mutating op in the graph: {node.format_node()}")
 
 
-def _is_view(node):
+def is_view(node):
     """Whether `node` returns a view of its first argument (a view op, or an item of one)."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
-        return isinstance(node.args[0], torch.fx.Node) and _is_view(node.args[0])
+        return isinstance(node.args[0], torch.fx.Node) and is_view(node.args[0])
     if not isinstance(node.target, torch._ops.OpOverload):
         return False
     returns = node.target._schema.returns
@@ -313,7 +313,7 @@ def _output_aliases(user_outputs, input_nodes, writes):
     aliases = []
     for k, out in enumerate(user_outputs):
         node, chain = out, []
-        while isinstance(node, torch.fx.Node) and node not in owner and _is_view(node):
+        while isinstance(node, torch.fx.Node) and node not in owner and is_view(node):
             chain.append(node)
             node = node.args[0]
         if not isinstance(node, torch.fx.Node) or node not in owner:
@@ -347,7 +347,7 @@ def _output_views(user_outputs, aliased):
         if k in aliased or not isinstance(out, torch.fx.Node):
             continue
         node = out
-        while _is_view(node):
+        while is_view(node):
             node = node.args[0]
             j = position.get(node)
             if j is None or j == k or j in aliased:

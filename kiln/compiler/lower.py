@@ -235,11 +235,11 @@ class GraphLowering(LoweringContext):
 
 def _is_input_alias(node):
     """Whether eager's value of `node` is a graph input (or module tensor) or a view of one."""
-    from kiln.compiler.aot import _is_view  # the alias rule the aot step rebuilds outputs by
+    from kiln.compiler.aot import is_view  # the alias rule the aot step rebuilds outputs by
     while isinstance(node, torch.fx.Node):
         if node.op in ("placeholder", "get_attr"):
             return True
-        if not _is_view(node):
+        if not is_view(node):
             return False
         node = node.args[0]
     return False
