@@ -19,6 +19,7 @@ a NULL, how to call `resolve`) lives in one table, `_FACTS`: add 3.12 and 3.13 t
 import dis
 import sys
 import types
+import weakref
 
 from bytecode import Bytecode, Instr
 
@@ -26,27 +27,24 @@ NULL, VALUE, UNKNOWN = "N", "V", "?"
 
 
 class _Original:
-    """The last constant of a rewritten code object: the code it was made from."""
-    __slots__ = ("code",)
+    """The last constant of a rewritten code object: the code it was made from, held weakly (the
+    copy is kept for as long as the original lives, and must not keep it alive)."""
+    __slots__ = ("ref",)
 
     def __init__(self, code):
-        self.code = code
+        self.ref = weakref.ref(code)
 
     def __repr__(self):
-        return f"<kiln: rewritten from {self.code.co_qualname}>"
+        return "<kiln: a rewritten copy>"
 
 
 def original_code(code):
-    """The code object `code` was rewritten from (`code` itself if it was not rewritten)."""
+    """The code object `code` was rewritten from (`code` itself if it was not rewritten, or if its
+    original is gone)."""
     consts = code.co_consts
     if consts and type(consts[-1]) is _Original:
-        return consts[-1].code
+        return consts[-1].ref() or code
     return code
-
-
-def is_rewritten(code):
-    consts = code.co_consts
-    return bool(consts) and type(consts[-1]) is _Original
 
 
 class CannotRewrite(Exception):

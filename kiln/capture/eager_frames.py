@@ -24,11 +24,14 @@ import weakref
 import torch
 
 from kiln.capture import runtime
+from kiln.capture.runtime import is_library_function
 from kiln.capture.call_sites import CannotRewrite, original_code, rewrite_calls
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.debug.logs import log
 
 _MODULE_CALL = torch.nn.Module.__call__
+_CALL_IMPL = torch.nn.Module._call_impl
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: classes made by `class` statements (at run time)
 # Comprehensions run as part of the frame that made them (CPython 3.12 inlines them): they run their
 # rewritten code, never a cache entry of their own.
 _COMPREHENSIONS = {"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}
@@ -69,12 +72,16 @@ class Callees:
 
     def __init__(self, backend, dynamic):
         self.caller = runtime.Caller(backend, dynamic)
-        self.plans = _Plans(self)
-        self.rewritten = {}  # library function (Module._call_impl) -> its rewritten copy
-        plans = self.plans
+        self.call_impl = None  # Module._call_impl, rewritten (made on the first module call)
+        # type -> plan (None: call natively), for types that are not heap types: classes made at run
+        # time are planned on each call instead, so this table cannot keep them alive
+        plans = {types.FunctionType: self.function, types.MethodType: self.method}
+        plans_get, missing, plan_for = plans.get, object(), self._plan_for
 
         def resolve(f):
-            plan = plans[type(f)]
+            plan = plans_get(type(f), missing)
+            if plan is missing:
+                plan = plan_for(type(f), plans)
             if plan is None:
                 return f
             try:
@@ -83,11 +90,21 @@ class Callees:
                 return f
         self.resolve = resolve
 
+    def _plan_for(self, cls, plans):
+        if not cls.__flags__ & _HEAP_TYPE:
+            plans[cls] = None
+            return None
+        if issubclass(cls, type):
+            return None
+        if issubclass(cls, torch.nn.Module):
+            return self.module
+        if type(getattr(cls, "__call__", None)) is types.FunctionType:
+            return self.callable_object
+        return None
+
     def function(self, f):
-        if compilation_disabled() or is_disabled_function(f):
-            return f
-        code = original_code(f.__code__)
-        if code.co_name in _COMPREHENSIONS or runtime.is_library_function(f):
+        if is_library_function(f) or compilation_disabled() or is_disabled_function(f) or \
+                original_code(f.__code__).co_name in _COMPREHENSIONS:
             return f
         return functools.partial(self.caller.call_function, f)
 
@@ -102,13 +119,11 @@ class Callees:
         cls = type(mod)
         if cls.__call__ is not _MODULE_CALL:
             return self.callable_object(mod)
-        if getattr(mod, "_compiled_call_impl", None) is not None:  # torch.compile's own
-            return mod
-        impl = cls._call_impl
-        run = self.rewritten.get(impl)
-        if run is None:
-            run = self.rewritten.setdefault(impl, self._rewritten_function(impl))
-        return types.MethodType(run, mod)
+        if cls._call_impl is not _CALL_IMPL or getattr(mod, "_compiled_call_impl", None) is not None:
+            return mod  # a _call_impl of its own, or torch.compile's
+        if self.call_impl is None:
+            self.call_impl = _rewritten_function(_CALL_IMPL, self.resolve)
+        return types.MethodType(self.call_impl, mod)
 
     def callable_object(self, obj):
         call = type(obj).__call__
@@ -117,34 +132,16 @@ class Callees:
         callee = self.function(call)
         return obj if callee is call else types.MethodType(callee, obj)
 
-    def _rewritten_function(self, fn):
-        try:
-            code = rewrite_calls(fn.__code__, self.resolve)
-        except CannotRewrite:
-            return fn
-        new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        new.__kwdefaults__ = fn.__kwdefaults__
-        return new
 
-
-class _Plans(dict):
-    """type -> how `Callees.resolve` treats a callable of that type (None: call it natively)."""
-
-    def __init__(self, callees):
-        super().__init__()
-        self.callees = callees
-        self[types.FunctionType] = callees.function
-        self[types.MethodType] = callees.method
-
-    def __missing__(self, cls):
-        plan = None
-        if isinstance(cls, type) and not issubclass(cls, type):
-            if issubclass(cls, torch.nn.Module):
-                plan = self.callees.module
-            elif type(getattr(cls, "__call__", None)) is types.FunctionType:
-                plan = self.callees.callable_object
-        self[cls] = plan
-        return plan
+def _rewritten_function(fn, resolve):
+    """A copy of `fn` whose calls go through `resolve` (fn itself if its code cannot be rewritten)."""
+    try:
+        code = rewrite_calls(fn.__code__, resolve)
+    except CannotRewrite:
+        return fn
+    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    return new
 
 
 runtime.run_eagerly = run_eagerly

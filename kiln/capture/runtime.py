@@ -175,18 +175,30 @@ def forget_backend(backend):
 
 # ---- argument binding -----------------------------------------------------------------------------
 def make_binder(fn):
-    """A function with fn's signature returning its parameters in co_varnames order (C-speed binding)."""
+    """A function with fn's signature returning its parameters in co_varnames order (C-speed binding).
+    Its code depends only on the shape of the signature, so it is made once per shape (closures made
+    anew on every call cost a function object, not a compile)."""
     code = fn.__code__
     nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
         bool(code.co_flags & inspect.CO_VARKEYWORDS)
     names = code.co_varnames[:nparams]
-    src = (f"def binder{inspect.signature(_no_annotations(fn))}:\n"
-           f"    return ({''.join(n + ', ' for n in names)})\n")
-    ns = {}
-    exec(compile(src, f"<kiln binder {code.co_qualname}>", "exec"), ns)
-    binder = ns["binder"]
-    binder.__defaults__, binder.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    shape = (names, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+             code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), len(fn.__defaults__ or ()),
+             tuple(fn.__kwdefaults__ or ()))
+    binder_code = _BINDER_CODES.get(shape)
+    if binder_code is None:
+        src = (f"def binder{inspect.signature(_no_annotations(fn))}:\n"
+               f"    return ({''.join(n + ', ' for n in names)})\n")
+        ns = {}
+        exec(compile(src, "<kiln binder>", "exec"), ns)
+        binder_code = _BINDER_CODES.setdefault(shape, ns["binder"].__code__)
+    binder = types.FunctionType(binder_code, _BINDER_GLOBALS, "binder", fn.__defaults__)
+    binder.__kwdefaults__ = fn.__kwdefaults__
     return binder
+
+
+_BINDER_CODES = {}  # signature shape -> binder code object
+_BINDER_GLOBALS = {"__builtins__": __builtins__}
 
 
 def _no_annotations(fn):
