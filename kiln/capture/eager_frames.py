@@ -18,6 +18,7 @@ skipped frame (measured in the worktree README), and that library code run nativ
 the user functions it calls back (a frame hook would).
 """
 import functools
+import os
 import types
 import weakref
 
@@ -58,7 +59,9 @@ def _rewrite(cache):
     code = cache.code
     try:
         rewritten = rewrite_calls(code, Callees(cache.backend, cache.dynamic).resolve)
-    except CannotRewrite as e:
+    except Exception as e:  # CannotRewrite, or a bug: the frame runs as it is, never wrongly
+        if os.environ.get("KILN_DEBUG") and not isinstance(e, CannotRewrite):
+            raise
         log("graph_breaks", "%s runs eagerly, and so do its callees: %s", code.co_qualname, e)
         return None
     log("graph_breaks", "%s (%s:%d) runs eagerly; the functions and modules it calls are still compiled",
@@ -137,7 +140,9 @@ def _rewritten_function(fn, resolve):
     """A copy of `fn` whose calls go through `resolve` (fn itself if its code cannot be rewritten)."""
     try:
         code = rewrite_calls(fn.__code__, resolve)
-    except CannotRewrite:
+    except Exception as e:  # CannotRewrite, or a bug: it runs as it is
+        if os.environ.get("KILN_DEBUG") and not isinstance(e, CannotRewrite):
+            raise
         return fn
     new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
