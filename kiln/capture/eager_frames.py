@@ -37,6 +37,7 @@ _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: classes made by `class` statements (
 # rewritten code, never a cache entry of their own.
 _COMPREHENSIONS = {"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}
 _REWRITTEN = weakref.WeakKeyDictionary()  # CodeCache -> (rewritten code, or None when it cannot be)
+_CALLEES = weakref.WeakValueDictionary()  # (backend key, dynamic) -> Callees, while a rewritten code uses it
 
 
 def run_eagerly(cache, F, args, kwargs):
@@ -58,7 +59,7 @@ def run_eagerly(cache, F, args, kwargs):
 def _rewrite(cache):
     code = cache.code
     try:
-        rewritten = rewrite_calls(code, Callees(cache.backend, cache.dynamic).resolve)
+        rewritten = rewrite_calls(code, _callees_for(cache.backend, cache.dynamic).resolve)
     except Exception as e:  # CannotRewrite, or a bug: the frame runs as it is, never wrongly
         if os.environ.get("KILN_DEBUG") and not isinstance(e, CannotRewrite):
             raise
@@ -67,6 +68,15 @@ def _rewrite(cache):
     log("graph_breaks", "%s (%s:%d) runs eagerly; the functions and modules it calls are still compiled",
         code.co_qualname, code.co_filename, code.co_firstlineno)
     return rewritten
+
+
+def _callees_for(backend, dynamic):
+    """One Callees per backend (as the runtime keys caches) and `dynamic`, shared by the frames that use it."""
+    key = (runtime._backend_key(backend), dynamic)
+    callees = _CALLEES.get(key)
+    if callees is None:
+        callees = _CALLEES.setdefault(key, Callees(backend, dynamic))
+    return callees
 
 
 class Callees:

@@ -593,3 +593,20 @@ def test_logs_say_frame_is_eager_and_callees_compile(kiln_logs, caplog):
         kiln.compile(eager_outer, backend=CompileCounter())(torch.randn(3))
     assert "frame runs eagerly: the break is inside a loop" in caplog.text
     assert "eager_outer" in caplog.text and "the functions and modules it calls are still compiled" in caplog.text
+
+
+def test_hf_llama_layers_compile():
+    """Hugging Face Llama: whether or not LlamaModel.forward runs eagerly (a break inside its decoder loop
+    did that), its decoder layers' work reaches the backend, and the logits equal eager's."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (2, 7))
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    with torch.no_grad():
+        expected = model(ids).logits
+        torch.testing.assert_close(compiled(ids).logits, expected)
+    assert {"silu", "rsqrt"} <= compiled_ops(counter)
