@@ -25,9 +25,9 @@ import weakref
 import torch
 
 from kiln.capture import runtime
-from kiln.capture.runtime import is_library_function
 from kiln.capture.call_sites import CannotRewrite, original_code, rewrite_calls
 from kiln.capture.disable import compilation_disabled, is_disabled_function
+from kiln.capture.runtime import is_library_function
 from kiln.debug.logs import log
 
 _MODULE_CALL = torch.nn.Module.__call__
@@ -58,16 +58,22 @@ def run_eagerly(cache, F, args, kwargs):
 
 def _rewrite(cache):
     code = cache.code
+    rewritten = _rewritten_code(code, _callees_for(cache.backend, cache.dynamic).resolve)
+    if rewritten is not None:
+        log("graph_breaks", "%s (%s:%d) runs eagerly; the functions and modules it calls are still compiled",
+            code.co_qualname, code.co_filename, code.co_firstlineno)
+    return rewritten
+
+
+def _rewritten_code(code, resolve):
+    """rewrite_calls(code, resolve), or None where it cannot (the code then runs as it is, never wrongly)."""
     try:
-        rewritten = rewrite_calls(code, _callees_for(cache.backend, cache.dynamic).resolve)
-    except Exception as e:  # CannotRewrite, or a bug: the frame runs as it is, never wrongly
+        return rewrite_calls(code, resolve)
+    except Exception as e:  # CannotRewrite, or a bug in the rewrite
         if os.environ.get("KILN_DEBUG") and not isinstance(e, CannotRewrite):
             raise
         log("graph_breaks", "%s runs eagerly, and so do its callees: %s", code.co_qualname, e)
         return None
-    log("graph_breaks", "%s (%s:%d) runs eagerly; the functions and modules it calls are still compiled",
-        code.co_qualname, code.co_filename, code.co_firstlineno)
-    return rewritten
 
 
 def _callees_for(backend, dynamic):
@@ -148,11 +154,8 @@ class Callees:
 
 def _rewritten_function(fn, resolve):
     """A copy of `fn` whose calls go through `resolve` (fn itself if its code cannot be rewritten)."""
-    try:
-        code = rewrite_calls(fn.__code__, resolve)
-    except Exception as e:  # CannotRewrite, or a bug: it runs as it is
-        if os.environ.get("KILN_DEBUG") and not isinstance(e, CannotRewrite):
-            raise
+    code = _rewritten_code(fn.__code__, resolve)
+    if code is None:
         return fn
     new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
