@@ -3,7 +3,8 @@
     python bench/capture_overhead.py [--calls 20000]
 
 1. `x + 1` on a 10-element tensor: microseconds per call (eager, kiln, torch.compile).
-2. A 12-layer MLP module (Linear+ReLU x 12, no_grad): per call, and kiln's guard check alone.
+2. A 12-layer MLP module (Linear+ReLU x 12, no_grad): per call, and the guard check alone (kiln's, and
+   torch.compile's where its debug accessor for cache entries exists).
 Timings are the best of several interleaved repeats; on a shared machine they are noisy.
 """
 import argparse
@@ -58,6 +59,25 @@ def main():
         assert entry.check(F, L)
         guard = best_us(lambda L: entry.check(F, L), L, calls)
         print(f"12-layer MLP guard check (kiln, {len(entry.guards)} guards): {guard:.2f} us")
+        torch_guard = torch_guard_us(mlp, xm, calls)
+        if torch_guard is not None:
+            print(f"12-layer MLP guard check (torch.compile): {torch_guard:.2f} us  "
+                  f"(kiln / torch.compile = {guard / torch_guard:.2f})")
+
+
+def torch_guard_us(mod, x, calls):
+    """torch.compile's guard check alone for mod.forward's cache entry (its debug accessor); None where
+    this torch does not have it."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        entries = _debug_get_cache_entry_list(type(mod).forward.__code__)
+        check = entries[0].guard_manager.check
+    except (ImportError, AttributeError, IndexError):
+        return None
+    f_locals = {"self": mod, "input": x}
+    if not check(f_locals):
+        return None
+    return best_us(check, f_locals, calls)
 
 
 if __name__ == "__main__":

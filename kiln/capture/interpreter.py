@@ -309,11 +309,23 @@ class Frame:
     LOAD_FAST_CHECK = LOAD_FAST
 
     def LOAD_FAST_AND_CLEAR(self, inst):
-        """3.12+ inlined comprehension: save the outer value of its variable (maybe unbound) on the stack."""
-        self.push(self.locals.pop(inst.argval, _UNBOUND))
+        """3.12+ inlined comprehension: save the outer value of its variable (maybe unbound) on the stack;
+        for a cell variable that is the outer cell (MAKE_CELL then gives the comprehension its own)."""
+        slots = self.cells if self.holds_cell(inst.argval) else self.locals
+        self.push(slots.pop(inst.argval, _UNBOUND))
 
     def STORE_FAST(self, inst):
-        self.store_local(inst.argval, self.pop())
+        value = self.pop()
+        if self.holds_cell(inst.argval):  # 3.12+: the outer cell restored after an inlined comprehension
+            self.cells.pop(inst.argval, None)
+            if value is not _UNBOUND:
+                self.cells[inst.argval] = value
+            return
+        self.store_local(inst.argval, value)
+
+    def holds_cell(self, name):
+        """Is `name`'s slot a cell? (Then CPython's fast-local opcodes on it move the cell itself.)"""
+        return name in self.code.co_cellvars or name in self.code.co_freevars
 
     def store_local(self, name, value):
         if value is _UNBOUND:  # restoring a variable that was unbound before an inlined comprehension

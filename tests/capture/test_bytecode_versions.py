@@ -33,6 +33,13 @@ def comprehension_with_condition_and_closure(x):
     return add(sum(parts))
 
 
+def comprehension_over_a_cell(x):
+    i = 10
+    outer = lambda: i                        # noqa: E731 -- `i` is a cell of this frame
+    fs = [lambda: x * i for i in range(3)]   # 3.12+: the comprehension gets its own cell for `i`
+    return [f() for f in fs], outer() + x
+
+
 def nested_comprehension(x):
     return sum(x[r] * c for r in range(2) for c in [r, r + 1])
 
@@ -140,6 +147,7 @@ CASES = [
     (comprehension_shadowing_unbound, lambda: (torch.randn(4),), 1),
     (comprehension_with_condition_and_closure, lambda: (torch.randn(4),), 1),
     (nested_comprehension, lambda: (torch.randn(3, 4),), 1),
+    (comprehension_over_a_cell, lambda: (torch.randn(3),), 1),
     (slices, lambda: (torch.randn(5), [torch.ones(()), torch.zeros(()), torch.ones(())]), 1),
     (returns_const, lambda: (torch.randn(3), True), 0),
     (returns_const, lambda: (torch.randn(3), False), 1),
