@@ -132,6 +132,24 @@ def method_call_breaks(x, obj):
     return y * n
 
 
+def keyword_call_breaks(x, obj):
+    y = x.cos()
+    n = obj.count(v=3)                       # 3.13: a graph break at CALL_KW
+    return y * n
+
+
+def star_call_breaks(x, obj, args):
+    y = x.cos()
+    n = obj.count(*args)                     # a graph break at CALL_FUNCTION_EX
+    return y * n
+
+
+def property_breaks(x, obj):
+    y = x.sin()
+    z = y * obj.noisy_scale                  # a graph break at LOAD_ATTR (the property prints)
+    return obj.noisy_scaler(z) + 1           # ... at LOAD_ATTR with the method bit (3.12+) / LOAD_METHOD
+
+
 class Counter:
     def __init__(self):
         self.calls = 0
@@ -140,6 +158,18 @@ class Counter:
         print("native call", v)               # forces a graph break on every version
         self.calls += 1
         return v + self.calls
+
+    @property
+    def noisy_scale(self):
+        print("reading a property")
+        self.calls += 1
+        return 2.0
+
+    @property
+    def noisy_scaler(self):
+        print("reading a property")
+        self.calls += 10
+        return lambda t: t * self.calls
 
 
 CASES = [
@@ -182,17 +212,25 @@ def test_break_on_tensor_truth_resumes_each_way():
         assert_same(truth_of_tensor_breaks, compiled, x)
 
 
-def test_break_at_a_method_call_keeps_self():
+BREAKS = [(method_call_breaks, (), 2), (keyword_call_breaks, (), 2), (star_call_breaks, ((5,),), 2),
+          pytest.param(property_breaks, (), 3, marks=pytest.mark.torch_differs(
+              "torch cannot break at an attribute load: it runs the whole frame eagerly"))]
+
+
+@pytest.mark.parametrize("fn,extra,graphs", BREAKS,
+                         ids=["method_call", "keyword_call", "star_call", "property"])
+def test_break_keeps_the_call_slots(fn, extra, graphs):
     counter = CompileCounter()
-    compiled = kiln.compile(method_call_breaks, backend=counter)
+    compiled = kiln.compile(fn, backend=counter)
     eager_obj, compiled_obj = Counter(), Counter()
     x = torch.randn(4)
-    expected = method_call_breaks(x, eager_obj)
-    torch.testing.assert_close(compiled(x, compiled_obj), expected)
-    assert compiled_obj.calls == eager_obj.calls == 1
-    assert counter.frame_count == 2  # before and after the native call
+    expected = fn(x, eager_obj, *extra)
+    torch.testing.assert_close(compiled(x, compiled_obj, *extra), expected)
+    assert compiled_obj.calls == eager_obj.calls
+    assert counter.frame_count == graphs  # one more than the native parts
 
 
+@pytest.mark.kiln_only
 def test_fullgraph_names_the_construct():
     def defines_class(x):
         class Local:
