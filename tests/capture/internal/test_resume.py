@@ -92,3 +92,26 @@ def test_resume_after_paired_local_instructions():
     off = first_on_line(swaps, "d = a + b")
     code = resume_code(swaps.__code__, off, [], ["a", "b", "c"])
     assert types.FunctionType(code, {})(3, 1, 6) == swaps(1, 3)
+
+
+def with_try(x, y):
+    try:
+        z = 10 // y            # ZeroDivisionError for y == 0: the handler below; TypeError for None: out
+    except ZeroDivisionError:
+        z = -1
+    return z + x
+
+
+def test_resume_inside_a_try_keeps_handlers_and_line_numbers():
+    import inspect
+    import traceback
+    off = first_on_line(with_try, "z = 10 // y")
+    code = resume_code(with_try.__code__, off, [], ["x", "y"])
+    fn = types.FunctionType(code, {})
+    assert fn(1, 2) == with_try(1, 2) and fn(1, 0) == with_try(1, 0)  # the exception table survived
+    try:
+        fn(1, None)
+    except TypeError as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+    lines, start = inspect.getsourcelines(with_try)
+    assert "z = 10 // y" in lines[frame.lineno - start]  # the line table maps to the user's line
