@@ -309,28 +309,25 @@ class Frame:
     LOAD_FAST_CHECK = LOAD_FAST
 
     def LOAD_FAST_AND_CLEAR(self, inst):
-        """3.12+ inlined comprehension: save the outer value of its variable (maybe unbound) on the stack;
-        for a cell variable that is the outer cell (MAKE_CELL then gives the comprehension its own)."""
-        slots = self.cells if self.holds_cell(inst.argval) else self.locals
-        self.push(slots.pop(inst.argval, _UNBOUND))
+        """3.12+ inlined comprehension: save what its variable's slot holds (a value, a cell when the
+        frame's variable of that name is a cell, or nothing) on the stack, and empty the slot."""
+        name = inst.argval
+        saved = self.cells.pop(name) if name in self.cells else self.locals.pop(name, _UNBOUND)
+        self.locals.pop(name, None)
+        self.push(saved)
 
     def STORE_FAST(self, inst):
-        value = self.pop()
-        if self.holds_cell(inst.argval):  # 3.12+: the outer cell restored after an inlined comprehension
-            self.cells.pop(inst.argval, None)
-            if value is not _UNBOUND:
-                self.cells[inst.argval] = value
-            return
-        self.store_local(inst.argval, value)
-
-    def holds_cell(self, name):
-        """Is `name`'s slot a cell? (Then CPython's fast-local opcodes on it move the cell itself.)"""
-        return name in self.code.co_cellvars or name in self.code.co_freevars
+        self.store_local(inst.argval, self.pop())
 
     def store_local(self, name, value):
-        if value is _UNBOUND:  # restoring a variable that was unbound before an inlined comprehension
-            self.locals.pop(name, None)
-        else:
+        """Put `value` in the slot of `name`, as CPython does: it replaces a cell there too (an inlined
+        comprehension's plain variable shares the slot of a cell of the same name), and a cell or
+        nothing is put back after an inlined comprehension (what LOAD_FAST_AND_CLEAR saved)."""
+        self.cells.pop(name, None)
+        self.locals.pop(name, None)
+        if isinstance(value, (CellVariable, RealCell)):
+            self.cells[name] = value
+        elif value is not _UNBOUND:
             self.locals[name] = value
 
     def LOAD_FAST_LOAD_FAST(self, inst):
