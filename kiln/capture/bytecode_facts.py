@@ -33,9 +33,8 @@ SEND_KEEPS_RECEIVER = VERSION >= (3, 12)
 # A closure's cells: 3.11/3.12 load them with LOAD_CLOSURE; on 3.13 that is LOAD_FAST of the cell's slot.
 CELLS_LOADED_BY_LOAD_FAST = VERSION >= (3, 13)
 
-# COMPARE_OP's argument: the comparison is `arg >> 4` on 3.12, `arg >> 5` on 3.13 (the low bits are
-# caches and, on 3.13, "convert the result to bool"); dis gives the comparison as argval on 3.11/3.12
-# and as e.g. "bool(<)" in argrepr on 3.13. kiln reads `argval`, which is the bare operator everywhere.
+# COMPARE_OP: its argument packs the comparison differently on each version (3.13 adds a "result to
+# bool" bit); kiln reads dis's `argval`, the bare operator ("<") on every version.
 
 # Opcodes that leave a frame or jump unconditionally: control never falls through to the next one.
 NO_FALLTHROUGH = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
@@ -49,12 +48,6 @@ TRUTH_JUMPS = {
     "POP_JUMP_FORWARD_IF_TRUE": (True, False), "POP_JUMP_FORWARD_IF_FALSE": (False, False),
     "POP_JUMP_BACKWARD_IF_TRUE": (True, False), "POP_JUMP_BACKWARD_IF_FALSE": (False, False),
     "JUMP_IF_TRUE_OR_POP": (True, True), "JUMP_IF_FALSE_OR_POP": (False, True),
-}
-# Jumps decided by `is None`: opname -> jumps when the value is None.
-NONE_JUMPS = {
-    "POP_JUMP_IF_NONE": True, "POP_JUMP_IF_NOT_NONE": False,
-    "POP_JUMP_FORWARD_IF_NONE": True, "POP_JUMP_FORWARD_IF_NOT_NONE": False,
-    "POP_JUMP_BACKWARD_IF_NONE": True, "POP_JUMP_BACKWARD_IF_NOT_NONE": False,
 }
 
 # Opcodes a compiled code object never contains: pseudo-instructions (>= 256), the instrumented and
