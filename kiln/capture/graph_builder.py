@@ -90,6 +90,8 @@ class OutputGraph:
         self.guards = GuardSet()
         self.side_effects = SideEffects()
         self.inputs = []  # (source, real tensor, node) in placeholder order
+        self._input_versions = []  # (fake, its version counter on entry): a change means a write to an input
+        self.reads_tensor_identity = False  # `x is y` on tensors was answered
         self._by_id = {}  # id(real object) -> Variable, so one object always maps to one Variable
         self._keepalive = []
         self._names = set()
@@ -142,6 +144,7 @@ class OutputGraph:
         if type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
             if g:
                 g.len_match(source, value)
+                g.class_unchanged(type(value))  # a NamedTuple's own methods and dunders
             items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
             if type(value) is list:
                 return ListVariable(items, source)
@@ -172,6 +175,8 @@ class OutputGraph:
                     self.wrap(value.__self__, AttrSource(source, "__self__"))
                 else:
                     g.id_match(source, value)
+                if isinstance(value, torch.nn.Module):  # its methods, __call__, attribute lookup order
+                    g.class_unchanged(type(value))
             return ObjectVariable(value, source)
         if isinstance(value, enum.Enum):  # members are singletons: identity says everything
             if g:
@@ -179,6 +184,7 @@ class OutputGraph:
             return ObjectVariable(value, source)
         if g:
             g.type_match(source, value)
+            g.class_unchanged(type(value))  # what capture reads through the object's class
         return ObjectVariable(value, source, opaque=g is not None)
 
     def _wrap_set(self, value, source, g):
@@ -218,7 +224,20 @@ class OutputGraph:
         node.meta["example_value"] = fake
         node.meta["source"] = repr(source)
         self.inputs.append((source, value, node))
+        self._input_versions.append((fake, fake._version))
         return TensorVariable(node, fake, source, type(value))
+
+    def guard_input_aliasing(self):
+        """Guard which input tensors alias each other (share a storage, or are one object) when the
+        answer depends on it: the graph writes to an input (a write through one alias is seen
+        through the other), or the frame asked `x is y`. Frames that do neither pay nothing. The
+        fake inputs alias exactly as the real ones (one fake storage per real storage), so the
+        backend compiles for this pattern."""
+        if len(self.inputs) < 2:
+            return
+        wrote = any(fake._version != version for fake, version in self._input_versions)
+        if wrote or self.reads_tensor_identity:
+            self.guards.alias_pattern([s for s, _, _ in self.inputs], [t for _, t, _ in self.inputs])
 
     def _placeholder(self, name):
         # placeholders must precede every other node
@@ -261,6 +280,8 @@ class OutputGraph:
             raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated and not _has_symbols(leaves):
+            if _fact_name(target) in TENSOR_FACTS and tensors_in:
+                self.guard_tensor_fact(_fact_name(target), tensors_in)
             result = torch.Size(map(_concrete, result)) if isinstance(result, torch.Size) else \
                 pytree.tree_map(_concrete, result)
             if not is_constant(result) and not (isinstance(result, (list, tuple)) and all(map(is_constant, result))):
@@ -270,6 +291,31 @@ class OutputGraph:
                                       name=self._unique(_node_name(target)))
         node.meta["example_value"] = result
         return self._result_variable(node, result, tensors_in)
+
+    def guard_tensor_fact(self, name, tensors):
+        """A fact of `tensors` (TENSOR_FACTS) was read: guard it on the inputs it comes from. A tensor
+        made in the frame has it from the inputs it was computed from, so all inputs met so far are
+        guarded; `is_inference` of such a tensor also depends on whether inference mode is on."""
+        if all(t.source is not None for t in tensors):
+            sources = {t.source for t in tensors}
+        else:
+            sources = {s for s, _, _ in self.inputs}
+            if name == "is_inference":
+                mode = torch.is_inference_mode_enabled()
+                self.guards.add(None, f"{self.guards.const(torch.is_inference_mode_enabled, 'INF')}() is {mode}",
+                                f"torch.is_inference_mode_enabled() is {mode}")
+        for source, real, _ in self.inputs:
+            if source in sources:
+                value = getattr(real, name)()
+                self.guards.add(source, f"v.{name}() is {value!r}" if isinstance(value, bool)
+                                else f"v.{name}() == {value!r}", f"{source!r}.{name}() == {value!r}")
+
+    def real_tensor(self, source):
+        """The real input tensor reached through `source` (None if none is)."""
+        for s, real, _ in self.inputs:
+            if s == source:
+                return real
+        return None
 
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         for attempt in range(2):
@@ -350,6 +396,15 @@ class OutputGraph:
 
     def op_count(self):
         return sum(1 for n in self.graph.nodes if n.op.startswith("call"))
+
+
+# Facts of a tensor its fake mirrors but the tensor guard (GuardSet.tensor_match) does not check;
+# code that reads one (`x.is_inference()`, `torch.is_conj(x)`) gets it guarded (guard_tensor_fact)
+TENSOR_FACTS = {"is_inference", "is_conj", "is_neg", "_is_zerotensor", "storage_offset", "_is_view"}
+
+
+def _fact_name(target):
+    return target if isinstance(target, str) else getattr(target, "__name__", None)
 
 
 def _has_symbols(leaves):

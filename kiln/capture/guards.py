@@ -7,7 +7,8 @@ because they are created first.
 """
 import torch
 
-from kiln.capture.sources import CodeContext
+from kiln.capture import class_watch
+from kiln.capture.sources import CodeContext, TupleSource
 
 
 class Guard:
@@ -29,6 +30,7 @@ class GuardSet:
         self.ctx = CodeContext()
         self.guards = []
         self._seen = set()
+        self._classes = set()  # ids of the classes guarded unchanged
 
     def add(self, source, check, text=None):
         """`check` may use `v` and names from `self.const(...)`; source None means a global-state guard."""
@@ -105,6 +107,23 @@ class GuardSet:
             self.add(None, f"{anyac}() and {self.const(autocast_state, 'ACSTATE')}() == {self.const(state, 'AC')}",
                      f"autocast state is {state}")
 
+    def class_unchanged(self, cls):
+        """Nothing reachable through `cls` (its attributes along the MRO) changed since capture: one
+        check per class covers every method, `__call__`, `__getattr__` or descriptor read through it
+        (see class_watch). Built-in classes cannot change and get no guard."""
+        for klass in (cls, type(cls)):  # the metaclass decides lookups on the class itself
+            if id(klass) in self._classes or not class_watch.can_change(klass):
+                continue
+            self._classes.add(id(klass))
+            self.add(None, class_watch.guard_expression(klass, self.const), f"class {klass.__qualname__} unchanged")
+
+    def alias_pattern(self, sources, tensors):
+        """Which of these input tensors share memory (and which are one object) is as now: a graph
+        that writes to an input computes something else when another input aliases it."""
+        pattern = alias_pattern(tensors)
+        self.add(TupleSource(sources), f"{self.const(alias_pattern, 'ALIASING')}(v) == {pattern!r}",
+                 f"inputs {', '.join(map(repr, sources))} alias as {pattern}")
+
     def aliases(self, source, other):
         self.add(source, f"v is {other.expr(self.ctx)}", f"{source!r} is {other!r}")
 
@@ -168,6 +187,17 @@ def _substitute_v(check, v):
 def _fn(name, lines, on_error):
     inner = "\n".join("        " + line for line in lines)
     return f"def {name}(F, L):\n    try:\n{inner}\n    except Exception:\n        return {on_error}\n"
+
+
+def alias_pattern(tensors):
+    """For each tensor, the index of the first tensor with the same storage and of the first that is
+    the same object (an empty storage aliases nothing: nothing can be written through it)."""
+    storages, objects = {}, {}
+    pattern = []
+    for i, t in enumerate(tensors):
+        ptr = t.untyped_storage().data_ptr()
+        pattern.append((storages.setdefault(ptr, i) if ptr else i, objects.setdefault(id(t), i)))
+    return tuple(pattern)
 
 
 def autocast_state():

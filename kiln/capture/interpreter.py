@@ -11,11 +11,11 @@ import sysconfig
 
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
-                                    IteratorVariable, ListVariable,
+                                    ListVariable,
                                     NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
-                                    TupleVariable, const)
+                                    TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
@@ -258,7 +258,7 @@ class Frame:
 
     def SEND(self, inst):
         self.pop()  # the value sent in: always None for an inlined `yield from`
-        item = self.stack[-1].next() if isinstance(self.stack[-1], (IteratorVariable, GeneratorVariable)) else None
+        item = objects.iter_next(self, self.stack[-1]) if isinstance(self.stack[-1], BaseIterator) else None
         if item is None:
             self.stack[-1] = const(None)  # the sub-iterator's return value
             self.jump(inst)
@@ -405,6 +405,8 @@ class Frame:
 
     def IS_OP(self, inst):
         b, a = self.pop(), self.pop()
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+            self.og.reads_tensor_identity = True  # the answer holds while the inputs alias as now
         same = objects.is_same(a, b)
         self.push(const(same != bool(inst.arg)))
 
@@ -577,9 +579,9 @@ class Frame:
 
     def FOR_ITER(self, inst):
         it = self.stack[-1]
-        if not isinstance(it, (IteratorVariable, GeneratorVariable)):
+        if not isinstance(it, BaseIterator):
             raise Unsupported(f"iterating over {it!r}")
-        item = it.next()
+        item = objects.iter_next(self, it)
         if item is None:
             self.pop()
             self.jump(inst)

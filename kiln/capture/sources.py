@@ -146,3 +146,19 @@ class ConstSource(Source):
 
     def __repr__(self):
         return f"<{type(self.obj).__name__}>"
+
+
+class TupleSource(Source):
+    """The tuple of several sources' values (a guard over a group: which input tensors alias)."""
+
+    def __init__(self, sources):
+        self.sources = tuple(sources)
+
+    def expr(self, ctx):
+        return "(" + "".join(ctx.sub(s) + ", " for s in self.sources) + ")"
+
+    def key(self):
+        return ("tuple",) + tuple(s.key() for s in self.sources)
+
+    def __repr__(self):
+        return "(" + ", ".join(repr(s) for s in self.sources) + ")"
