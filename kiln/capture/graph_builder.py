@@ -224,7 +224,7 @@ class OutputGraph:
         node.meta["example_value"] = fake
         node.meta["source"] = repr(source)
         self.inputs.append((source, value, node))
-        self._input_versions.append((fake, fake._version))
+        self._input_versions.append((fake, version_of(fake)))
         return TensorVariable(node, fake, source, type(value))
 
     def guard_input_aliasing(self):
@@ -235,7 +235,7 @@ class OutputGraph:
         backend compiles for this pattern."""
         if len(self.inputs) < 2:
             return
-        wrote = any(fake._version != version for fake, version in self._input_versions)
+        wrote = any(version is None or version_of(fake) != version for fake, version in self._input_versions)
         if wrote or self.reads_tensor_identity:
             self.guards.alias_pattern([s for s, _, _ in self.inputs], [t for _, t, _ in self.inputs])
 
@@ -267,14 +267,15 @@ class OutputGraph:
         """
         fake_args, fake_kwargs = _to_fake((args, kwargs))
         tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
-        versions = [t.fake._version for t in tensors_in]
+        versions = [version_of(t.fake) for t in tensors_in]
         try:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
         except Unsupported:
             raise
         except Exception as e:
             raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
-        mutated = any(t.fake._version != v for t, v in zip(tensors_in, versions))
+        mutated = any(version_of(t.fake) != v for t, v in zip(tensors_in, versions)) or \
+            (None in versions and _writes_by_name(target))
         leaves = pytree.tree_leaves(result)
         if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
             raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
@@ -405,6 +406,25 @@ TENSOR_FACTS = {"is_inference", "is_conj", "is_neg", "_is_zerotensor", "storage_
 
 def _fact_name(target):
     return target if isinstance(target, str) else getattr(target, "__name__", None)
+
+
+def version_of(t):
+    """A tensor's version counter (bumped by every write to its storage); None for an inference
+    tensor, which has none."""
+    return None if t.is_inference() else t._version
+
+
+def _writes_by_name(target):
+    """Whether an op writes to its first argument, by torch's naming (add_, __setitem__): how writes
+    to inference tensors, which have no version counter, are told."""
+    name = _fact_name(target) or ""
+    if name.startswith("__") and name.endswith("__"):  # __setitem__, __iadd__
+        return name.strip("_") in _WRITING_OPERATORS
+    return name in _WRITING_OPERATORS or (name.endswith("_") and not name.startswith("_"))  # add_
+
+
+_WRITING_OPERATORS = {"setitem"} | {"i" + op for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and",
+                                                         "or", "xor", "lshift", "rshift", "matmul")}
 
 
 def _has_symbols(leaves):

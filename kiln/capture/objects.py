@@ -230,9 +230,15 @@ def contains(frame, container, item):
     if isinstance(container, DictVariable):
         return dict_key(item) in container.items
     if isinstance(container, DictViewVariable):
+        d = container.dict.items
         if container.kind == "keys":
-            return dict_key(item) in container.dict.items
-        return contains(frame, TupleVariable(view_items(container)), item)
+            return dict_key(item) in d
+        if container.kind == "values":
+            return contains(frame, TupleVariable(list(d.values())), item)
+        pair = unpack_iterable(frame, item) if _is_tuple(item) else ()
+        if len(pair) != 2 or dict_key(pair[0]) not in d:  # an items view looks the key up, then the value
+            return False
+        return contains(frame, TupleVariable([d[dict_key(pair[0])]]), pair[1])
     if isinstance(container, SetVariable):
         return set_key(item) in container.keys
     if isinstance(container, (ListVariable, TupleVariable)):
@@ -705,6 +711,8 @@ def getattr_var(frame, obj, name):
     og = frame.og
     if isinstance(obj, TensorVariable):
         return _tensor_attr(og, obj, name)
+    if isinstance(obj, ConstantVariable) and name in ("__iter__", "__reversed__"):  # `range(5).__iter__()`
+        return MethodVariable(name, obj)
     if isinstance(obj, ConstantVariable):
         try:
             return result_var(og, getattr(obj.value, name))
@@ -1197,6 +1205,10 @@ def _call_value(frame, fn_var, args, kwargs):
     handler = BUILTIN_HANDLERS.get(_key(fn))
     if handler is not None:
         return handler(frame, args, kwargs)
+    if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args and \
+            getattr(fn, "__objclass__", None) in (list, tuple, dict, set) and \
+            isinstance(args[0], (ListVariable, TupleVariable, DictVariable, SetVariable)):
+        return _call_method_var(frame, MethodVariable(fn, args[0]), args[1:], kwargs)  # tuple.__getitem__(self, i)
     if isinstance(fn, GradModeExit):  # the end of a grad-mode block a break cut in two
         if fn_var.source is not None:
             og.guards.id_match(fn_var.source, fn)
