@@ -607,8 +607,8 @@ class Frame:
         if isinstance(ctx, (FreshObjectVariable, ObjectVariable)) and \
                 objects.python_dunder(ctx.python_type(), "__enter__") and \
                 objects.python_dunder(ctx.python_type(), "__exit__"):
-            exit_fn = objects.getattr_var(self, ctx, "__exit__")
-            entered = objects.call(self, objects.getattr_var(self, ctx, "__enter__"), [], {})
+            exit_fn = objects.special_method(self, ctx, "__exit__")
+            entered = objects.call(self, objects.special_method(self, ctx, "__enter__"), [], {})
             self.push(exit_fn)
             self.push(entered)
             return

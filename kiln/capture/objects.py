@@ -193,7 +193,7 @@ def truth(frame, v):
             return True
         t = type(value)
         if _python_dunder(t, "__bool__") or _python_dunder(t, "__len__"):
-            return truth(frame, call(frame, getattr_var(frame, v, "__bool__" if _python_dunder(t, "__bool__")
+            return truth(frame, call(frame, special_method(frame, v, "__bool__" if _python_dunder(t, "__bool__")
                                                            else "__len__"), [], {}))
         if v.opaque and (hasattr(t, "__bool__") or hasattr(t, "__len__")):
             raise Unsupported(f"truth of a {t.__qualname__} known only by its type")
@@ -203,6 +203,17 @@ def truth(frame, v):
 
 def python_dunder(cls, name):
     return _python_dunder(cls, name)
+
+
+def special_method(frame, v, name):
+    """`v.name` as CPython finds a special method for an implicit call (`iter(v)`, `v + w`, `with v`):
+    on the class only, so an instance attribute of that name is ignored (and need not be guarded)."""
+    cls = v.python_type()
+    frame.og.guards.class_unchanged(cls)
+    raw = inspect.getattr_static(cls, name, None)
+    if isinstance(raw, types.FunctionType):
+        return MethodVariable(raw, v)
+    return _class_attr(frame, v, cls, name)
 
 
 def _python_dunder(cls, name):
@@ -250,7 +261,7 @@ def contains(frame, container, item):
         return False
     if isinstance(container, (ObjectVariable, FreshObjectVariable)) and \
             _python_dunder(container.python_type(), "__contains__"):
-        return truth(frame, call(frame, getattr_var(frame, container, "__contains__"), [item], {}))
+        return truth(frame, call(frame, special_method(frame, container, "__contains__"), [item], {}))
     if isinstance(container, (ConstantVariable, ObjectVariable)) and isinstance(item, ConstantVariable):
         if _opaque(container):
             raise Unsupported(f"`in` over a {type(container.value).__qualname__} known only by its type")
@@ -297,7 +308,7 @@ def apply_operator(frame, op, args):
             raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     a = args[0]
     if isinstance(a, (ListVariable, TupleVariable)) and user_dunder(a, _DUNDERS.get(op)):
-        return call(frame, getattr_var(frame, a, _DUNDERS[op]), args[1:], {})  # a NamedTuple's __add__
+        return call(frame, special_method(frame, a, _DUNDERS[op]), args[1:], {})  # a NamedTuple's __add__
     if len(args) == 2:
         b = args[1]
         if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) and \
@@ -331,7 +342,7 @@ def apply_operator(frame, op, args):
                 return const((a is b) == (op is operator.eq))
     name = _DUNDERS.get(op)
     if name and user_dunder(a, name):
-        return call(frame, getattr_var(frame, a, name), args[1:], {})
+        return call(frame, special_method(frame, a, name), args[1:], {})
     if isinstance(a, ObjectVariable) and all(isinstance(x, (ObjectVariable, ConstantVariable)) for x in args) \
             and not _opaque(*args):
         if not _python_dunder(type(a.value), name or "__eq__"):
@@ -360,9 +371,9 @@ def _user_equality(frame, op, a, b):
             continue
         cls = x.python_type()
         if op is operator.ne and _python_dunder(cls, "__ne__"):
-            result = call(frame, getattr_var(frame, x, "__ne__"), [y], {})
+            result = call(frame, special_method(frame, x, "__ne__"), [y], {})
         elif _python_dunder(cls, "__eq__"):
-            result = call(frame, getattr_var(frame, x, "__eq__"), [y], {})
+            result = call(frame, special_method(frame, x, "__eq__"), [y], {})
             if op is operator.ne and not _not_implemented(result):
                 return const(not truth(frame, result))
         else:
@@ -437,7 +448,7 @@ def getitem(frame, obj, key, builtin=False):
     if isinstance(key, TensorVariable):
         raise Unsupported("indexing a Python container with a tensor")
     if isinstance(obj, (ListVariable, TupleVariable)) and not builtin and user_dunder(obj, "__getitem__"):
-        return call(frame, getattr_var(frame, obj, "__getitem__"), [key], {})
+        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
     if isinstance(obj, (ListVariable, TupleVariable)):
         k = const_value(key, "index")
         if isinstance(k, slice):
@@ -483,7 +494,7 @@ def getitem(frame, obj, key, builtin=False):
             k = str(k) if isinstance(mod, torch.nn.ParameterList) else k
             return og.wrap(mod._parameters[k], ItemSource(AttrSource(obj.source, "_parameters"), k))
     if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and user_dunder(obj, "__getitem__"):
-        return call(frame, getattr_var(frame, obj, "__getitem__"), [key], {})
+        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
     raise Unsupported(f"indexing {describe(obj)}")
 
 
@@ -549,7 +560,7 @@ def unpack_iterable(frame, v):
                                                                                 type({}.values()), type({}.items()))):
         return [result_var(frame.og, x) for x in v.value]  # views of objects known by value
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
-        it = call(frame, getattr_var(frame, v, "__iter__"), [], {})
+        it = call(frame, special_method(frame, v, "__iter__"), [], {})
         return unpack_iterable(frame, it)
     raise Unsupported(f"iterating over {describe(v)}")
 
@@ -576,14 +587,17 @@ def get_iter(frame, v):
         return DictIterator(v, "keys")
     if isinstance(v, DictViewVariable):
         return DictIterator(v.dict, v.kind)
+    if isinstance(v, ObjectVariable) and isinstance(v.value, _MODULE_CONTAINERS):  # their children, guarded
+        return IteratorVariable(unpack_iterable(frame, v), cls=type(iter({}.values())))
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
-        return get_iter(frame, call(frame, getattr_var(frame, v, "__iter__"), [], {}))
+        return get_iter(frame, call(frame, special_method(frame, v, "__iter__"), [], {}))
     kind = set_iterator if isinstance(v, SetVariable) or \
         isinstance(v, ConstantVariable) and isinstance(v.value, frozenset) else type(iter([]))
     return IteratorVariable(unpack_iterable(frame, v), cls=kind)
 
 
 set_iterator = type(iter(set()))
+_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList)
 
 
 def get_reversed(frame, v):
@@ -592,7 +606,7 @@ def get_reversed(frame, v):
             isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, str, range, bytes)):
         return SequenceIterator(v, reverse=True, length=_sequence_len(v))
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__reversed__"):
-        return get_iter(frame, call(frame, getattr_var(frame, v, "__reversed__"), [], {}))
+        return get_iter(frame, call(frame, special_method(frame, v, "__reversed__"), [], {}))
     items = unpack_iterable(frame, v)
     kind = type(reversed(getattr({}, v.kind)())) if isinstance(v, DictViewVariable) else \
         type(reversed({})) if isinstance(v, DictVariable) else type(reversed([]))

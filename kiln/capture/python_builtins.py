@@ -10,7 +10,7 @@ import operator
 import torch
 
 from kiln.capture.objects import (apply_operator, call, const_value, describe, dict_items, dict_key, fold_natively,
-                                  get_iter, get_reversed, getattr_var, iter_next, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
+                                  get_iter, get_reversed, getattr_var, iter_next, special_method, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
                                     EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable, FunctionVariable,
@@ -218,7 +218,7 @@ def builtin_len(frame, args, kwargs):
         raise Unsupported(msg, python_exception=TypeError(msg))
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not isinstance(getattr(v, "value", None), torch.nn.Module) \
             and python_dunder(v.python_type(), "__len__"):
-        return call(frame, getattr_var(frame, v, "__len__"), [], {})
+        return call(frame, special_method(frame, v, "__len__"), [], {})
     return const(len(unpack_iterable(frame, v)))
 
 
