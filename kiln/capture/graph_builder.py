@@ -265,7 +265,7 @@ class OutputGraph:
         Non-tensor results (sizes, dtypes, bools from metadata) become constants and leave no node,
         unless the op mutated a tensor in place.
         """
-        fake_args, fake_kwargs = _to_fake((args, kwargs))
+        fake_args, fake_kwargs = to_fake((args, kwargs))
         tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
         versions = [version_of(t.fake) for t in tensors_in]
         try:
@@ -483,7 +483,8 @@ def _var_leaves(tree):
     return out
 
 
-def _to_fake(tree):
+def to_fake(tree):
+    """The fake values of Variables inside nested containers (what ops run on during capture)."""
     def conv(v):
         if isinstance(v, TensorVariable):
             return v.fake
@@ -492,6 +493,8 @@ def _to_fake(tree):
         if isinstance(v, ObjectVariable):
             if v.opaque:  # only its type is guarded: its value must not become part of the graph
                 raise Unsupported(f"a {type(v.value).__qualname__} object passed to a tensor op")
+            if callable(v.value):  # fx would write its repr (`<function f at 0x..>`) into the graph's code
+                raise Unsupported(f"{getattr(v.value, '__qualname__', type(v.value).__qualname__)} passed to a tensor op")
             return v.value
         raise Unsupported(f"cannot pass {v!r} to a tensor op")
     return _map_vars(conv, tree)

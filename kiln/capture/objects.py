@@ -14,7 +14,7 @@ import torch
 
 from kiln.capture import interpreter as interp
 from kiln.capture.disable import is_disabled_function
-from kiln.capture.graph_builder import is_library_module
+from kiln.capture.graph_builder import is_library_module, to_fake
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, GlobalSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
@@ -712,6 +712,10 @@ def dict_items(frame, v):
         return dict(v.items)
     if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
         return {k: const(x) for k, x in v.value.items()}
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and hasattr(v.python_type(), "keys"):
+        # a mapping, taken as CPython takes one (dict(m), **m): its keys(), then m[key] for each
+        keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
+        return {dict_key(k): getitem(frame, v, k) for k in keys}
     raise Unsupported(f"** over {describe(v)}")
 
 
@@ -1099,8 +1103,19 @@ def call_python_function(frame, fn, args, kwargs):
         return call(frame, frame.og.wrap(fn, None, guard=False), args, kwargs)
     if fn is _MODULE_GETATTR and len(args) == 2 and isinstance(args[0], ObjectVariable) and not kwargs:
         return module_store_attr(frame, args[0], const_value(args[1], "attribute name"))
-    if _is_torch_op(fn):
+    if _is_torch_op(fn) and not _passes_python_callable(args, kwargs):
         return _call_torch(frame, fn, args, kwargs)
+    return _inline_function(frame, fn, args, kwargs)
+
+
+def _passes_python_callable(args, kwargs):
+    """A Python callable among the arguments: a graph node cannot hold one, so a torch function given
+    one (torch.fx.node.map_aggregate(x, f)) is followed as Python code instead."""
+    return any(isinstance(a, (FunctionVariable, MethodVariable)) or
+               isinstance(a, ObjectVariable) and callable(a.value) for a in _leaves(args, kwargs))
+
+
+def _inline_function(frame, fn, args, kwargs):
     og = frame.og
     defaults = None
     # defaults are reloaded through the function object, so `fn.__defaults__ = ...` is seen by the guards
@@ -1149,7 +1164,7 @@ def _call_torch(frame, fn, args, kwargs):
     has_tensor = any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs))
     if not has_tensor and any(w in name.lower() for w in _STATEFUL_WORDS):
         raise Unsupported(f"torch.{name} changes global state")
-    if any(isinstance(a, (FunctionVariable, MethodVariable)) for a in _leaves(args, kwargs)):
+    if _passes_python_callable(args, kwargs):
         raise Unsupported(f"torch function {name} called with a Python function argument")
     if not has_tensor:
         # a query (dispatch state, flags) must see the real state, not capture's fake mode; a factory
@@ -1234,14 +1249,7 @@ def _call_value(frame, fn_var, args, kwargs):
         return _call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
         return _construct(frame, fn_var, fn, args, kwargs)
-    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") or \
-            (isinstance(fn, types.BuiltinFunctionType) and isinstance(getattr(fn, "__self__", None), (str, int, float, tuple, bytes))):
-        if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
-            if getattr(fn, "__module__", None) in ("operator", "_operator"):
-                return apply_operator(frame, fn, list(args))
-            raise Unsupported(f"{fn.__name__} on a tensor needs its data in Python")
-        return fold_natively(og, fn, args, kwargs)
-    if isinstance(fn, operator.itemgetter):
+    if isinstance(fn, operator.itemgetter):  # (instances, whose __module__ is their class's)
         items = [getitem(frame, args[0], const(k)) for k in fn.__reduce__()[1]]
         return items[0] if len(items) == 1 else make_tuple(items)
     if isinstance(fn, operator.attrgetter):
@@ -1252,6 +1260,13 @@ def _call_value(frame, fn_var, args, kwargs):
                 v = getattr_var(frame, v, part)
             items.append(v)
         return items[0] if len(items) == 1 else make_tuple(items)
+    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") or \
+            (isinstance(fn, types.BuiltinFunctionType) and isinstance(getattr(fn, "__self__", None), (str, int, float, tuple, bytes))):
+        if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
+            if getattr(fn, "__module__", None) in ("operator", "_operator"):
+                return apply_operator(frame, fn, list(args))
+            raise Unsupported(f"{fn.__name__} on a tensor needs its data in Python")
+        return fold_natively(og, fn, args, kwargs)
     if isinstance(fn, functools.partial):
         src = fn_var.source
         pre = [og.wrap(a, ItemSource(AttrSource(src, "args"), i) if src else None)
@@ -1382,6 +1397,12 @@ def call_module(frame, mod_var, args, kwargs):
     og, mod = frame.og, mod_var.value
     if mod_var.source is None:
         raise Unsupported("calling a module with no known origin")
+    if isinstance(mod, torch.nn.modules.lazy.LazyModuleMixin) and mod.has_uninitialized_params():
+        # a lazy module's first call sizes its parameters from the inputs (its pre-hook, which then
+        # removes itself and may change the module's class): done now, for real, from the fake
+        # inputs' shapes, as eager's first call would; the graph sees the initialized module
+        fake_args, fake_kwargs = to_fake((list(args), kwargs))
+        mod._infer_parameters(mod, tuple(fake_args), fake_kwargs)
     og.guards.class_unchanged(type(mod))
     call_fn = inspect.getattr_static(type(mod), "__call__", None)
     if call_fn is not _MODULE_CALL:  # the class's own __call__ (`return 5 * self.forward(x)`) runs
@@ -1402,8 +1423,6 @@ def call_module(frame, mod_var, args, kwargs):
     if mod._backward_hooks or mod._backward_pre_hooks:
         raise Unsupported("module backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks
-    if "forward" in mod.__dict__:
-        raise Unsupported("a module whose instance overrides forward")
     if not (pre or post):  # the common case: one guard (forward's own lookup guards the instance __dict__)
         og.guards.add(mod_var.source, "not (v._forward_hooks or v._forward_pre_hooks or v._backward_hooks or "
                                       "v._backward_pre_hooks)", f"{mod_var.source!r} has no hooks")

@@ -302,10 +302,15 @@ def build_dict(frame, args, kwargs):
         src = args[0]
         if isinstance(src, DictVariable):
             items.update(src.items)
+        elif isinstance(src, (ObjectVariable, FreshObjectVariable)) and hasattr(src.python_type(), "keys"):
+            items.update(dict_items(frame, src))  # a mapping
         else:
             for pair in unpack_iterable(frame, src):
-                k, v = unpack_iterable(frame, pair)
-                items[dict_key(k)] = v
+                kv = unpack_iterable(frame, pair)
+                if len(kv) != 2:
+                    msg = f"dictionary update sequence element has length {len(kv)}; 2 is required"
+                    raise Unsupported(msg, python_exception=ValueError(msg))
+                items[dict_key(kv[0])] = kv[1]
     items.update(kwargs)
     return DictVariable(items)
 

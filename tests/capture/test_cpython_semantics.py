@@ -3,6 +3,8 @@ map/zip/filter/enumerate (their calls happen when items are consumed, and they k
 when returned or carried over a graph break), iterator types, live list iterators, globals written
 through another module's function, NamedTuple subclasses with their own dunders, x.shape as a dict
 key. Eager is the oracle: results and state after the call are compared."""
+import collections.abc
+import operator
 import types
 import typing
 
@@ -318,3 +320,47 @@ def test_shape_as_dict_key(dynamic):
         table = {x.shape: 2, (9, 9): 3}
         return x * table[x.shape], x.shape in table
     check_calls(f, [(torch.randn(2, 3),), (torch.randn(4, 3),)], dynamic=dynamic)
+
+
+# ---- mappings and getters ------------------------------------------------------------------------------------
+class Registry(collections.abc.MutableMapping):
+    """A mapping that is no dict: dict(m) and **m go through its keys() and __getitem__."""
+
+    def __init__(self, **items):
+        self._items = dict(items)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __setitem__(self, key, value):
+        self._items[key] = value
+
+    def __delitem__(self, key):
+        del self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+
+def scaled(x, a, b):
+    return x * a + b
+
+
+def test_dict_of_a_mapping_and_double_star_unpacking():
+    registry = Registry(a=2.0, b=1.0)
+
+    def f(x):
+        copied = dict(registry)
+        return scaled(x, **registry), copied["a"]
+    check_calls(f, [(torch.randn(3),)], graphs=1, fullgraph=True)
+
+
+@pytest.mark.parametrize("items", [(0,), (slice(1, 3),), (0, 2)], ids=["one", "slice", "two"])
+def test_itemgetter_on_tensors(items):
+    def f(x, y):
+        get = operator.itemgetter(*items)
+        return get(x), get(y)
+    check_calls(f, [(torch.randn(4), torch.randn(4, 2))], graphs=1, fullgraph=True)

@@ -4,6 +4,8 @@ Python attributes present or absent on tensors, classes reached through instance
 `__call__`, the compiled module's attribute forwarding, torch._check, and which input tensors
 alias. Eager is the oracle: each test runs the program eagerly and compiled, changes the fact
 between calls, and compares results and the state after each call."""
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -481,3 +483,47 @@ def test_frames_that_neither_write_inputs_nor_compare_them_have_no_aliasing_guar
         compiled(torch.randn(3), torch.randn(3))
         (entry,) = compiled.__kiln_compiled__._kiln_cache.entries
         assert ("alias as" in " ".join(map(str, entry.guards))) is guarded
+
+
+def test_forward_replaced_on_the_instance_is_called_and_guarded():
+    class Doubles(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    def halves(self, x):
+        return x / 2
+    mod = Doubles()
+
+    def f(x):
+        return mod(x) + 1
+    compiled, _ = compiled_counting(f, fullgraph=True)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), f(x))
+    mod.forward = types.MethodType(halves, mod)
+    torch.testing.assert_close(compiled(x), f(x))
+    del mod.forward
+    torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_lazy_module_is_initialized_from_the_first_call_and_captured():
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2))
+    eager, mod = make(), make()
+    compiled, counter = compiled_counting(mod, fullgraph=True)
+    x = torch.randn(3, 5)
+    torch.manual_seed(1)
+    expected = eager(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(compiled(x), expected)
+    torch.testing.assert_close(compiled(x), eager(x))
+    assert type(mod[0]) is nn.Linear and counter.frame_count == 1
+
+
+def test_python_function_passed_to_a_torch_function_is_not_put_in_the_graph():
+    def f(x, fn):
+        return torch.fx.node.map_aggregate([x, x + 1], fn)
+    compiled, counter = compiled_counting(f)
+    x = torch.randn(3)
+    assert_equal_state(compiled(x, torch.sin), f(x, torch.sin))
+    assert counter.frame_count == 1  # a graph break at the call, not the whole frame run eagerly
