@@ -91,7 +91,6 @@ class OutputGraph:
         self.side_effects = SideEffects()
         self.inputs = []  # (source, real tensor, node) in placeholder order
         self._input_versions = []  # (fake, its version counter on entry): a change means a write to an input
-        self.reads_tensor_identity = False  # `x is y` on tensors was answered
         self._by_id = {}  # id(real object) -> Variable, so one object always maps to one Variable
         self._keepalive = []
         self._names = set()
@@ -228,16 +227,19 @@ class OutputGraph:
         return TensorVariable(node, fake, source, type(value))
 
     def guard_input_aliasing(self):
-        """Guard which input tensors alias each other (share a storage, or are one object) when the
-        answer depends on it: the graph writes to an input (a write through one alias is seen
-        through the other), or the frame asked `x is y`. Frames that do neither pay nothing. The
-        fake inputs alias exactly as the real ones (one fake storage per real storage), so the
-        backend compiles for this pattern."""
-        if len(self.inputs) < 2:
+        """A graph that writes to an input computes something else when another input shares its
+        memory (the write is seen through the other): guard which inputs share a storage. The fake
+        inputs alias exactly as the real ones (one fake storage per real storage), so the backend
+        compiles for that pattern. Frames that write no input pay nothing. Checked: the written
+        inputs and every input that is not module state (arguments, globals: what a caller can pass
+        aliased); module parameters and buffers aliasing each other by storage (rather than being
+        one object, which the sources' identity guards see) are not re-checked per call."""
+        written = [version is None or version_of(fake) != version for fake, version in self._input_versions]
+        if len(self.inputs) < 2 or not any(written):
             return
-        wrote = any(version is None or version_of(fake) != version for fake, version in self._input_versions)
-        if wrote or self.reads_tensor_identity:
-            self.guards.alias_pattern([s for s, _, _ in self.inputs], [t for _, t, _ in self.inputs])
+        checked = [(s, t) for (s, t, _), w in zip(self.inputs, written) if w or not _is_module_state(s)]
+        if len(checked) > 1:
+            self.guards.alias_pattern([s for s, _ in checked], [t for _, t in checked])
 
     def _placeholder(self, name):
         # placeholders must precede every other node
@@ -406,6 +408,12 @@ TENSOR_FACTS = {"is_inference", "is_conj", "is_neg", "_is_zerotensor", "storage_
 
 def _fact_name(target):
     return target if isinstance(target, str) else getattr(target, "__name__", None)
+
+
+def _is_module_state(source):
+    """A parameter or buffer of a module (`...._parameters['weight']`)."""
+    return isinstance(source, ItemSource) and isinstance(source.base, AttrSource) and \
+        source.base.name in ("_parameters", "_buffers")
 
 
 def version_of(t):

@@ -127,6 +127,9 @@ class GuardSet:
     def aliases(self, source, other):
         self.add(source, f"v is {other.expr(self.ctx)}", f"{source!r} is {other!r}")
 
+    def distinct(self, source, other):
+        self.add(TupleSource([source, other]), "v[0] is not v[1]", f"{source!r} is not {other!r}")
+
     # ---- code generation --------------------------------------------------------------------
     def build(self):
         """-> (check(F, L) -> bool, first_failure(F, L) -> Guard|None, source text)."""
@@ -190,14 +193,13 @@ def _fn(name, lines, on_error):
 
 
 def alias_pattern(tensors):
-    """For each tensor, the index of the first tensor with the same storage and of the first that is
-    the same object (an empty storage aliases nothing: nothing can be written through it)."""
-    storages, objects = {}, {}
-    pattern = []
-    for i, t in enumerate(tensors):
-        ptr = t.untyped_storage().data_ptr()
-        pattern.append((storages.setdefault(ptr, i) if ptr else i, objects.setdefault(id(t), i)))
-    return tuple(pattern)
+    """For each tensor, the index of the first tensor with the same storage (one object is one storage)."""
+    first = {}
+    return tuple([first.setdefault(_storage_id(t), i) for i, t in enumerate(tensors)])
+
+
+# the address of the tensor's StorageImpl (one C call); older torch: the storage's data pointer
+_storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage().data_ptr())
 
 
 def autocast_state():

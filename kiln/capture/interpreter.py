@@ -405,8 +405,9 @@ class Frame:
 
     def IS_OP(self, inst):
         b, a = self.pop(), self.pop()
-        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
-            self.og.reads_tensor_identity = True  # the answer holds while the inputs alias as now
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable) and a.fake is not b.fake and \
+                a.source is not None and b.source is not None:
+            self.og.guards.distinct(a.source, b.source)  # two inputs found not to be one object
         same = objects.is_same(a, b)
         self.push(const(same != bool(inst.arg)))
 
