@@ -230,14 +230,17 @@ class OutputGraph:
         """A graph that writes to an input computes something else when another input shares its
         memory (the write is seen through the other): guard which inputs share a storage. The fake
         inputs alias exactly as the real ones (one fake storage per real storage), so the backend
-        compiles for that pattern. Frames that write no input pay nothing. Checked: the written
-        inputs and every input that is not module state (arguments, globals: what a caller can pass
-        aliased); module parameters and buffers aliasing each other by storage (rather than being
-        one object, which the sources' identity guards see) are not re-checked per call."""
+        compiles for that pattern. Frames that write no input pay nothing. Checked: every input
+        when the graph writes an argument (a caller may pass a view of a module's parameter); when
+        it writes only module state (BatchNorm's running statistics), the written tensors and the
+        inputs that are not module state: module parameters and buffers aliasing each other by
+        storage (rather than being one object) are not re-checked per call."""
         written = [version is None or version_of(fake) != version for fake, version in self._input_versions]
         if len(self.inputs) < 2 or not any(written):
             return
-        checked = [(s, t) for (s, t, _), w in zip(self.inputs, written) if w or not _is_module_state(s)]
+        state = [_is_module_state(s) for s, _, _ in self.inputs]
+        all_inputs = any(w and not m for w, m in zip(written, state))
+        checked = [(s, t) for (s, t, _), w, m in zip(self.inputs, written, state) if all_inputs or w or not m]
         if len(checked) > 1:
             self.guards.alias_pattern([s for s, _ in checked], [t for _, t in checked])
 

@@ -444,21 +444,29 @@ def test_aliasing_pattern_of_mutated_inputs(backend, order):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_module_parameter_also_passed_as_input(backend):
+@pytest.mark.parametrize("alias", ["parameter", "view_of_parameter", "buffer_view"])
+def test_module_tensor_also_passed_as_input(backend, alias):
     def f(x, lin):
         x.mul_(2)
-        return lin(torch.ones(1, 2))
+        return lin(torch.ones(1, 2)) + lin.shift.sum()
 
-    torch.manual_seed(0)
-    eager_lin, compiled_lin = nn.Linear(2, 2), nn.Linear(2, 2)
-    compiled_lin.load_state_dict(eager_lin.state_dict())
+    def make():
+        torch.manual_seed(0)
+        lin = nn.Linear(2, 2).requires_grad_(False)
+        lin.register_buffer("shift", torch.ones(2, 2))
+        return lin
+
+    def aliased(lin):
+        return {"parameter": lin.weight, "view_of_parameter": lin.weight[0:2],
+                "buffer_view": lin.shift[0:2]}[alias]
+    eager_lin, compiled_lin = make(), make()
     compiled = kiln.compile(f, backend=backend)
-    with torch.no_grad():
-        for use_weight in (False, True, False, True):
-            e_x = eager_lin.weight if use_weight else torch.ones(2, 2)
-            c_x = compiled_lin.weight if use_weight else torch.ones(2, 2)
-            torch.testing.assert_close(compiled(c_x, compiled_lin), f(e_x, eager_lin))
-            torch.testing.assert_close(compiled_lin.weight, eager_lin.weight)
+    for use_module_tensor in (False, True, False, True):
+        e_x = aliased(eager_lin) if use_module_tensor else torch.ones(2, 2)
+        c_x = aliased(compiled_lin) if use_module_tensor else torch.ones(2, 2)
+        torch.testing.assert_close(compiled(c_x, compiled_lin), f(e_x, eager_lin))
+        torch.testing.assert_close(compiled_lin.weight, eager_lin.weight)
+        torch.testing.assert_close(compiled_lin.shift, eager_lin.shift)
 
 
 def test_identity_of_input_tensors_read_in_the_frame():
