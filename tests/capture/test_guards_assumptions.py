@@ -258,14 +258,7 @@ def test_lazily_set_module_attribute_absent_then_present():
 
 
 # ---- a module's own __call__ --------------------------------------------------------------------------------
-class FiveTimes(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(3, 3)
-
-    def forward(self, x):
-        return self.linear(x)
-
+class FiveTimes(HasLinear):
     def __call__(self, x):
         return 5 * self.forward(x)
 
