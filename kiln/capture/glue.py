@@ -112,7 +112,8 @@ class Glue:
             args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())
             return f"{self.const(var.cls, 'CLS')}({args})"
         if isinstance(var, DictVariable):
-            body = "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in var.items.items()) + "}"
+            body = "{" + ", ".join(f"{self.value(ConstantVariable(k))}: {self.value(v)}"  # a torch.Size key too
+                                   for k, v in var.items.items()) + "}"
             if var.cls is dict:
                 return body
             factory = getattr(var, "default_factory", None)

@@ -148,7 +148,7 @@ class OutputGraph:
             if type(value) is list:
                 return ListVariable(items, source)
             return TupleVariable(items, source, type(value))
-        if type(value) in (dict, collections.OrderedDict) and all(type(k) in (str, int) for k in value):
+        if type(value) in (dict, collections.OrderedDict) and all(is_constant(k) for k in value):
             if g:
                 g.keys_match(source, value)
             items = {k: self.wrap(v, ItemSource(source, k) if source else None, guard) for k, v in value.items()}

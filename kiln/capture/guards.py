@@ -93,8 +93,10 @@ class GuardSet:
 
     def keys_match(self, source, value):
         keys = self.const(tuple(value.keys()), "KEYS")
-        self.add(source, f"type(v) is {self.const(type(value), 'T')} and tuple(v) == {keys}",
-                 f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
+        check = f"type(v) is {self.const(type(value), 'T')} and tuple(v) == {keys}"
+        if not all(type(k) in (str, int) for k in value):  # (2, 3) == torch.Size([2, 3]): types too
+            check += f" and tuple(map(type, v)) == {self.const(tuple(map(type, value)), 'KEYTYPES')}"
+        self.add(source, check, f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
 
     def autocast_match(self):
         """The autocast state around the call: fake tensors took their dtypes from it, and code may

@@ -413,6 +413,9 @@ def _b_numeric(fn):
 
 
 def _b_map(frame, args, kwargs):
+    if kwargs:  # (map(strict=...) is Python 3.14's)
+        raise Unsupported("map() takes no keyword arguments", python_exception=TypeError(
+            "map() takes no keyword arguments"))
     if len(args) < 2:
         raise Unsupported("map() must have at least two arguments", python_exception=TypeError(
             "map() must have at least two arguments."))

@@ -364,3 +364,22 @@ def test_itemgetter_on_tensors(items):
         get = operator.itemgetter(*items)
         return get(x), get(y)
     check_calls(f, [(torch.randn(4), torch.randn(4, 2))], graphs=1, fullgraph=True)
+
+
+def test_cache_keyed_by_shape_across_calls():
+    def f(x, cache):
+        if x.shape not in cache:
+            cache[x.shape] = x * 2
+        return x + cache[x.shape]
+    eager_cache, compiled_cache = {}, {}
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    for x in (torch.randn(2, 3), torch.randn(2, 3), torch.randn(3, 3)):
+        torch.testing.assert_close(compiled(x, compiled_cache), f(x, eager_cache))
+        assert_equal_state(compiled_cache, eager_cache)
+        assert [type(k) for k in compiled_cache] == [torch.Size] * len(eager_cache)
+
+
+def test_map_with_keywords_raises_like_eager():
+    def f(x):
+        return list(map(lambda a, b: a + b, [x], [x], strict=True))
+    check_calls(f, [(torch.randn(2),)])
