@@ -5,6 +5,7 @@ through another module's function, NamedTuple subclasses with their own dunders,
 key. Eager is the oracle: results and state after the call are compared."""
 import collections.abc
 import operator
+import sys
 import types
 import typing
 
@@ -126,7 +127,8 @@ def test_map_advanced_before_and_after_a_graph_break():
     (lambda x: map(lambda v: v * 2, [x, x + 1]), map),
     (lambda x: zip([x, x + 1], (1, 2)), zip),
     (lambda x: filter(lambda v: v is not None, [x, None, x + 1]), filter),
-    (lambda x: enumerate([x, x + 1], 5), enumerate),
+    pytest.param(lambda x: enumerate([x, x + 1], 5), enumerate,
+                 marks=pytest.mark.torch_differs("torch.compile returns a tuple_iterator")),
 ], ids=["map", "zip", "filter", "enumerate"])
 def test_returned_lazy_iterators_keep_their_type_and_items(make, kind):
     x = torch.randn(2)
@@ -194,6 +196,7 @@ def test_list_iterator_sees_items_appended_while_iterating():
     check_calls(f, [(torch.randn(2),)], graphs=1, fullgraph=True)
 
 
+@pytest.mark.torch_differs("torch.compile's rebuilt list iterator misses items appended after the break")
 def test_iterators_carried_over_a_graph_break_keep_their_position_and_type():
     def f(x):
         r = iter(range(1, 7, 2))
@@ -206,6 +209,7 @@ def test_iterators_carried_over_a_graph_break_keep_their_position_and_type():
     check_calls(f, [(torch.randn(2),)])
 
 
+@pytest.mark.torch_differs('torch.compile returns a tuple_iterator')
 def test_returned_iterators_resume_where_the_frame_left_them():
     def f(x):
         it, rev = iter([x, x + 1, x + 2]), reversed((1, 2, 3))
@@ -221,7 +225,7 @@ def test_returned_iterators_resume_where_the_frame_left_them():
 
 
 # ---- globals of other modules ---------------------------------------------------------------------------------
-counter_module = types.ModuleType("counter_module")
+counter_module = sys.modules.setdefault("counter_module", types.ModuleType("counter_module"))
 exec("counter = 0\n"
      "def bump():\n"
      "    global counter\n"

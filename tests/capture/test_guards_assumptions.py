@@ -151,6 +151,7 @@ class Child(Adder):
     pass
 
 
+@pytest.mark.torch_differs("torch.compile keeps the class's old method (no guard on the class)")
 def test_replacing_a_method_of_a_base_class_recompiles(monkeypatch):
     def f(x, obj):
         return obj.scale(x)
@@ -171,6 +172,7 @@ def test_getattr_added_to_the_class_later_is_seen(monkeypatch):
     torch.testing.assert_close(compiled(x, obj), f(x, obj))
 
 
+@pytest.mark.torch_differs("torch.compile keeps the class's old method (no guard on the class)")
 def test_method_of_an_object_made_in_the_frame_replaced_on_its_class(monkeypatch):
     def f(x):
         return Child().scale(x)
@@ -219,6 +221,7 @@ def test_module_attribute_lookup_follows_cpython(make):
     torch.testing.assert_close(compiled(x), mod(x))
 
 
+@pytest.mark.torch_differs("torch.compile keeps the class's old method (no guard on the class)")
 def test_method_added_to_a_module_class_after_compiling_recompiles(monkeypatch):
     torch.manual_seed(0)
     mod = HasLinear()
@@ -344,12 +347,14 @@ def checks_index(x):
     return x * 2
 
 
-@pytest.mark.parametrize("fn", [checks_first_dim, checks_index])
+@pytest.mark.parametrize("fn", [checks_first_dim, pytest.param(checks_index, marks=pytest.mark.torch_differs(
+    "torch.compile raises its own TorchRuntimeError, not eager's IndexError"))])
 def test_torch_check_raises_what_eager_raises(fn):
     check_calls(fn, [(torch.randn(2),), (torch.randn(4),), (torch.randn(3),)])
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.torch_differs('torch.compile breaks on a message closure over a tensor')
 def test_passing_torch_check_with_a_message_is_captured(dynamic):
     compiled, counter = compiled_counting(checks_first_dim, fullgraph=True, dynamic=dynamic)
     x = torch.randn(3, 2)
@@ -425,19 +430,31 @@ def _run_like_eager(compiled, fn, make_args):
         torch.testing.assert_close(c, e)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("order", [
-    (distinct, same_tensor), (same_tensor, distinct), (distinct, overlapping_views),
-    (overlapping_views, distinct), (disjoint_views, overlapping_views), (overlapping_views, same_tensor)],
-    ids=["distinct-same", "same-distinct", "distinct-overlap", "overlap-distinct", "disjoint-overlap", "overlap-same"])
+ORDERS = {"distinct-same": (distinct, same_tensor), "same-distinct": (same_tensor, distinct),
+          "distinct-overlap": (distinct, overlapping_views), "overlap-distinct": (overlapping_views, distinct),
+          "disjoint-overlap": (disjoint_views, overlapping_views), "overlap-same": (overlapping_views, same_tensor)}
+TORCH_MISSES_VIEWS = pytest.mark.torch_differs("torch.compile's aot_eager reuses a graph built for other aliasing")
+
+
+def _aliasing_cases():
+    for backend in BACKENDS:
+        for name, order in ORDERS.items():
+            marks = TORCH_MISSES_VIEWS if backend == "aot_eager" and "overlap" in name and name != "overlap-same" else ()
+            yield pytest.param(backend, order, id=f"{name}-{backend}", marks=marks)
+
+
+@pytest.mark.parametrize("backend, order", _aliasing_cases())
 def test_aliasing_pattern_of_mutated_inputs(backend, order):
     compiled = kiln.compile(doubles_then_reads, backend=backend)
     for make_args in order + order:
         _run_like_eager(compiled, doubles_then_reads, make_args)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("alias", ["parameter", "view_of_parameter", "buffer_view"])
+@pytest.mark.parametrize("backend, alias", [
+    pytest.param(backend, alias, id=f"{alias}-{backend}",
+                 marks=TORCH_MISSES_VIEWS if (alias, backend) in {("view_of_parameter", "aot_eager"), ("buffer_view",
+                                                                   "aot_eager"), ("buffer_view", "inductor")} else ())
+    for backend in BACKENDS for alias in ("parameter", "view_of_parameter", "buffer_view")])
 def test_module_tensor_also_passed_as_input(backend, alias):
     def f(x, lin):
         x.mul_(2)
