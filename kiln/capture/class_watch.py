@@ -7,11 +7,16 @@ Guarding each fact separately would cost a check per (class, name); instead a cl
 CPython keeps a version tag per class (`tp_version_tag`, for its method cache) and resets it to 0
 whenever the class or any class in its MRO is modified (an attribute set or deleted, `__bases__`
 reassigned); a new tag comes from a counter that only grows, so it never equals an old one. A class
-whose tag still equals the one read at capture therefore has every attribute, along its whole MRO,
-it had then. The tag is read with ctypes at its offset in PyTypeObject; `_TAG_OFFSET` is used only
-after checking the layout on fields Python also exposes and watching a tag change on a class
-modified here (`_tags_work`). Where that check fails (another interpreter build), the guard compares
-the class dicts along the MRO entry by entry instead: slower, same answer.
+whose tag still equals the one remembered has every attribute, along its whole MRO, it had then.
+The tag is read with ctypes at its offset in PyTypeObject; `_TAG_OFFSET` is used only after
+checking the layout on fields Python also exposes and watching a tag change on a class modified
+here (`_tags_work`).
+
+A moved tag does not always mean a change: make_fx patches nn.Module's __call__ and __getattr__
+while it traces and puts them back, which moves the tag of every module class. So a moved tag takes
+the slow path: the class dicts along the MRO are compared entry by entry (by identity) with a
+snapshot taken at capture; if they are the same, the new tag is remembered and the fast path holds
+again. Where tags cannot be used (another interpreter build), every check takes the slow path.
 
 Built-in (static) and immutable classes cannot change, so they need no guard at all.
 """
@@ -49,14 +54,34 @@ def current_tag(cls):
     return tag or None
 
 
+class ClassWatch:
+    """Watches one class from capture on: `tag` is the version tag under which its dicts were last
+    found as in the snapshot (see the module docstring)."""
+
+    __slots__ = ("cls", "snapshot", "tag_ref", "tag")
+
+    def __init__(self, cls):
+        self.cls, self.snapshot = cls, _snapshot(cls)
+        self.tag_ref = _tag_ref(cls) if _TAGS_WORK else None
+        self.tag = current_tag(cls)
+
+    def unchanged_since_tag_moved(self):
+        """The slow path: whether the class dicts are as in the snapshot (a patch undone); if so the
+        tag now is remembered, so the next check takes the fast path again."""
+        if not _dicts_unchanged(self.snapshot):
+            return False
+        self.tag = current_tag(self.cls)
+        return True
+
+
 def guard_expression(cls, const):
     """A Python expression true while `cls` is unchanged since now; `const(obj, hint)` interns the
-    objects it refers to (they stay alive as long as the guard)."""
-    const(cls, "CLS")  # the tag is read at the class's address: keep the class alive with the guard
-    tag = current_tag(cls)
-    if tag is not None:
-        return f"{const(_tag_ref(cls), 'TAG')}.value == {tag}"
-    return f"{const(_dicts_unchanged, 'SAMECLS')}({const(_snapshot(cls), 'SNAP')})"
+    objects it refers to (they stay alive as long as the guard, and the class with them)."""
+    watch = ClassWatch(cls)
+    name = const(watch, "CLSW")
+    if watch.tag_ref is None:
+        return f"{name}.unchanged_since_tag_moved()"
+    return f"({const(watch.tag_ref, 'TAG')}.value == {name}.tag or {name}.unchanged_since_tag_moved())"
 
 
 def _snapshot(cls):

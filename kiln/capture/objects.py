@@ -952,7 +952,11 @@ def _class_attr(frame, obj, cls, name):
     if isinstance(raw, functools.cached_property):
         raise Unsupported("functools.cached_property")
     if isinstance(obj, ObjectVariable) and obj.source is not None:
-        value = getattr(obj.value, name)
+        try:
+            value = getattr(obj.value, name)
+        except AttributeError as e:  # an unset __slots__ slot: absent now, maybe set by the next call
+            og.guards.add(obj.source, f"not hasattr(v, {name!r})", f"{obj.source!r} has no attribute {name!r}")
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from None
         if isinstance(value, types.MethodType) and value.__self__ is obj.value:
             return MethodVariable(value.__func__, obj)
         return og.wrap(value, AttrSource(obj.source, name))

@@ -125,6 +125,21 @@ def test_setting_a_tensor_property_still_breaks():
     check_calls(f, [(torch.randn(3),)])
 
 
+class Slotted:
+    __slots__ = ("a", "b")
+
+
+def test_unset_slot_of_an_object_is_guarded_absent():
+    def f(x, obj):
+        return x + (obj.b if hasattr(obj, "b") else obj.a)
+    compiled, _ = compiled_counting(f, fullgraph=True)
+    obj, x = Slotted(), torch.zeros(2)
+    obj.a = 1
+    torch.testing.assert_close(compiled(x, obj), f(x, obj))
+    obj.b = 5
+    torch.testing.assert_close(compiled(x, obj), f(x, obj))
+
+
 # ---- classes reached through instances ------------------------------------------------------------------
 class Adder:
     def __call__(self, x):
@@ -145,6 +160,18 @@ def test_replacing_call_on_the_class_recompiles(monkeypatch):
     monkeypatch.setattr(Adder, "__call__", lambda self, x: x - 5)
     torch.testing.assert_close(compiled(x, obj), call_it(x, obj))
     assert counter.frame_count == 2
+
+
+def test_class_patched_and_restored_does_not_recompile():
+    compiled, counter = compiled_counting(call_it)
+    x, obj = torch.randn(3), Adder()
+    torch.testing.assert_close(compiled(x, obj), call_it(x, obj))
+    original = Adder.__call__
+    Adder.__call__ = lambda self, x: x * 0  # as make_fx patches nn.Module while it traces
+    Adder.__call__ = original
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, obj), call_it(x, obj))
+    assert counter.frame_count == 1
 
 
 class Child(Adder):
