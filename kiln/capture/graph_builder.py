@@ -310,11 +310,12 @@ class OutputGraph:
                 mode = torch.is_inference_mode_enabled()
                 self.guards.add(None, f"{self.guards.const(torch.is_inference_mode_enabled, 'INF')}() is {mode}",
                                 f"torch.is_inference_mode_enabled() is {mode}")
-        for source, real, _ in self.inputs:
-            if source in sources:
-                value = getattr(real, name)()
-                self.guards.add(source, f"v.{name}() is {value!r}" if isinstance(value, bool)
-                                else f"v.{name}() == {value!r}", f"{source!r}.{name}() == {value!r}")
+        for source, _, node in self.inputs:
+            if source in sources:  # the input's fact as capture saw it (its fake mirrors the real one)
+                attr = getattr(node.meta["example_value"], name)
+                read, value = (f"v.{name}()", attr()) if callable(attr) else (f"v.{name}", attr)
+                self.guards.add(source, f"{read} is {value!r}" if isinstance(value, bool) else f"{read} == {value!r}",
+                                f"{source!r}.{name} == {value!r}")
 
     def real_tensor(self, source):
         """The real input tensor reached through `source` (None if none is)."""
@@ -406,7 +407,7 @@ class OutputGraph:
 
 # Facts of a tensor its fake mirrors but the tensor guard (GuardSet.tensor_match) does not check;
 # code that reads one (`x.is_inference()`, `torch.is_conj(x)`) gets it guarded (guard_tensor_fact)
-TENSOR_FACTS = {"is_inference", "is_conj", "is_neg", "_is_zerotensor", "storage_offset", "_is_view"}
+TENSOR_FACTS = {"is_inference", "is_conj", "is_neg", "_is_zerotensor", "storage_offset", "_is_view", "is_leaf"}
 
 
 def _fact_name(target):

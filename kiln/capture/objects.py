@@ -14,7 +14,7 @@ import torch
 
 from kiln.capture import interpreter as interp
 from kiln.capture.disable import is_disabled_function
-from kiln.capture.graph_builder import is_library_module, to_fake
+from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, GlobalSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
@@ -810,6 +810,8 @@ def _tensor_attr(og, t, name):
         raise Unsupported(f"tensor-valued attribute Tensor.{name}")
     if not is_constant(attr):
         raise Unsupported(f"Tensor.{name} of type {type(attr).__name__}")
+    if name in TENSOR_FACTS:  # `x.is_leaf`: a fact the tensor guard does not cover
+        og.guard_tensor_fact(name, [t])
     return const(attr)
 
 

@@ -64,6 +64,15 @@ def test_conj_bit_read_in_the_frame_is_guarded():
         torch.testing.assert_close(compiled(arg), f(arg))
 
 
+def test_leaf_tensor_read_in_the_frame_is_guarded():
+    def f(x):
+        return x * 2 if x.is_leaf else x * 3
+    compiled, _ = compiled_counting(f)
+    w = torch.randn(3, requires_grad=True)
+    for arg in (w, w * 1, torch.randn(3, requires_grad=True)):
+        torch.testing.assert_close(compiled(arg), f(arg))
+
+
 # ---- Python attributes on tensors --------------------------------------------------------------------
 def branch_on_attribute(x):
     if hasattr(x, "test"):
