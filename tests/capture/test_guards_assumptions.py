@@ -141,12 +141,13 @@ class Slotted:
 def test_unset_slot_of_an_object_is_guarded_absent():
     def f(x, obj):
         return x + (obj.b if hasattr(obj, "b") else obj.a)
-    compiled, _ = compiled_counting(f, fullgraph=True)
+    compiled, counter = compiled_counting(f, fullgraph=True)
     obj, x = Slotted(), torch.zeros(2)
     obj.a = 1
     torch.testing.assert_close(compiled(x, obj), f(x, obj))
     obj.b = 5
     torch.testing.assert_close(compiled(x, obj), f(x, obj))
+    assert counter.frame_count == 2
 
 
 # ---- classes reached through instances ------------------------------------------------------------------
