@@ -591,12 +591,12 @@ def get_iter(frame, v):
         return IteratorVariable(unpack_iterable(frame, v), cls=type(iter({}.values())))
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
         return get_iter(frame, call(frame, special_method(frame, v, "__iter__"), [], {}))
-    kind = set_iterator if isinstance(v, SetVariable) or \
+    kind = _SET_ITERATOR if isinstance(v, SetVariable) or \
         isinstance(v, ConstantVariable) and isinstance(v.value, frozenset) else type(iter([]))
     return IteratorVariable(unpack_iterable(frame, v), cls=kind)
 
 
-set_iterator = type(iter(set()))
+_SET_ITERATOR = type(iter(set()))
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList)
 
 
