@@ -19,6 +19,13 @@ def compiled_counting(fn, **kwargs):
     return kiln.compile(fn, backend=counter, **kwargs), counter
 
 
+def compiled_like_eager(fn, *args):
+    """`fn` compiled (counting backend), called once and compared with eager; returns the compiled."""
+    compiled, _ = compiled_counting(fn)
+    torch.testing.assert_close(compiled(*args), fn(*args))
+    return compiled
+
+
 # ---- facts of tensors read in the frame ------------------------------------------------------------
 def branch_on_inference(x):
     return x + 1 if x.is_inference() else x - 1
@@ -252,19 +259,14 @@ class PropertyShadowsBuffer(nn.Module):
                          ids=["method_over_submodule", "property_over_buffer"])
 def test_module_attribute_lookup_follows_cpython(make):
     torch.manual_seed(0)
-    mod = make()
-    compiled, _ = compiled_counting(mod)
-    x = torch.randn(3)
-    torch.testing.assert_close(compiled(x), mod(x))
+    compiled_like_eager(make(), torch.randn(3))
 
 
 @pytest.mark.torch_differs("torch.compile keeps the class's old method (no guard on the class)")
 def test_method_added_to_a_module_class_after_compiling_recompiles(monkeypatch):
     torch.manual_seed(0)
-    mod = HasLinear()
-    compiled, _ = compiled_counting(mod)
-    x = torch.randn(3)
-    torch.testing.assert_close(compiled(x), mod(x))
+    mod, x = HasLinear(), torch.randn(3)
+    compiled = compiled_like_eager(mod, x)
     monkeypatch.setattr(HasLinear, "linear", lambda self, x: x + 100, raising=False)
     torch.testing.assert_close(compiled(x), mod(x))
 
