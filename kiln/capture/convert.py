@@ -25,7 +25,7 @@ from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
-from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
+from kiln.exc import BackendCompilerFailed, InternalError, KilnError, Unsupported
 
 _JUMPS = facts.TRUTH_JUMPS
 # single instructions a break can run natively in the glue: opname -> number of stack values popped
@@ -177,8 +177,9 @@ def _with_depth(insts, offset):
 def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=None):
     """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed.
 
-    A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly
-    (set KILN_DEBUG=1 to see it raised instead).
+    A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly,
+    or, under fullgraph=True (one graph or an error), raises InternalError (set KILN_DEBUG=1 to see
+    the original exception raised instead).
     """
     try:
         return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims)
@@ -187,8 +188,10 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=Non
     except Exception as e:
         if os.environ.get("KILN_DEBUG"):
             raise
-        raise EagerFrame(f"kiln internal error while capturing {code.co_qualname}: "
-                         f"{type(e).__name__}: {e}") from e
+        msg = f"kiln internal error while capturing {code.co_qualname}: {type(e).__name__}: {e}"
+        if fullgraph:
+            raise InternalError(msg) from e
+        raise EagerFrame(msg) from e
 
 
 def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
@@ -212,6 +215,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
     og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
     og.watch.check_marked()
+    og.guard_input_aliasing()
     for expr in shape_guards(og):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()

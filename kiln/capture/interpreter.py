@@ -13,11 +13,11 @@ import sysconfig
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
-                                    IteratorVariable, ListVariable,
+                                    ListVariable,
                                     NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
-                                    TupleVariable, const)
+                                    TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
@@ -277,7 +277,7 @@ class Frame:
 
     def SEND(self, inst):
         self.pop()  # the value sent in: always None for an inlined `yield from`
-        item = self.stack[-1].next() if isinstance(self.stack[-1], (IteratorVariable, GeneratorVariable)) else None
+        item = objects.iter_next(self, self.stack[-1]) if isinstance(self.stack[-1], BaseIterator) else None
         if item is None:
             if facts.SEND_KEEPS_RECEIVER:
                 self.push(const(None))  # the sub-iterator's return value; END_SEND drops the receiver
@@ -505,6 +505,9 @@ class Frame:
 
     def IS_OP(self, inst):
         b, a = self.pop(), self.pop()
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable) and a.fake is not b.fake and \
+                a.source is not None and b.source is not None:
+            self.og.guards.distinct(a.source, b.source)  # two inputs found not to be one object
         same = objects.is_same(a, b)
         self.push(const(same != bool(inst.arg)))
 
@@ -698,9 +701,9 @@ class Frame:
 
     def FOR_ITER(self, inst):
         it = self.stack[-1]
-        if not isinstance(it, (IteratorVariable, GeneratorVariable)):
+        if not isinstance(it, BaseIterator):
             raise Unsupported(f"iterating over {it!r}")
-        item = it.next()
+        item = objects.iter_next(self, it)
         if item is None:
             self.pop()
             self.jump(inst)
@@ -730,8 +733,8 @@ class Frame:
         if isinstance(ctx, (FreshObjectVariable, ObjectVariable)) and \
                 objects.python_dunder(ctx.python_type(), "__enter__") and \
                 objects.python_dunder(ctx.python_type(), "__exit__"):
-            exit_fn = objects.getattr_var(self, ctx, "__exit__")
-            entered = objects.call(self, objects.getattr_var(self, ctx, "__enter__"), [], {})
+            exit_fn = objects.special_method(self, ctx, "__exit__")
+            entered = objects.call(self, objects.special_method(self, ctx, "__enter__"), [], {})
             self.push(exit_fn)
             self.push(entered)
             return

@@ -265,7 +265,8 @@ class Caller:
         target, pre = fn, ()
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, pre = fn.__func__, (fn.__self__,)
-        elif isinstance(fn, torch.nn.Module) and not _has_hooks(fn):
+        elif isinstance(fn, torch.nn.Module) and not _has_hooks(fn) and \
+                type(fn).__call__ is torch.nn.Module.__call__:  # else the class's own __call__ runs
             forward = fn.forward
             if isinstance(forward, types.MethodType) and isinstance(forward.__func__, types.FunctionType):
                 target, pre = forward.__func__, (fn,)
