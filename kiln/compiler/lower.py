@@ -1,7 +1,7 @@
 """Lower a functional aten graph to kiln's loop IR.
 
 `GraphLowering` walks the aten graph once. Each node is lowered by the function registered for
-its op in `LOWERINGS` (see `kiln.compiler.lowerings`), which returns TensorValues: lazy index
+its op in `LOWERINGS` (see `kiln.compiler.lowering_base`), which returns TensorValues: lazy index
 functions that compose, so pointwise chains cost nothing until a value is realized into a
 buffer. An op with no lowering (or whose lowering declines with `Fallback`) becomes an
 `ExternCall` that the wrapper makes to aten: never an error, named under KILN_LOGS=perf_hints.
@@ -14,9 +14,12 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
-from kiln.compiler.lowerings import LOWERINGS, Fallback, LoweringContext
+from kiln.compiler import lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter
+from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext
 from kiln.debug.logs import log
 
+# the modules whose lowerings fill LOWERINGS (each registers its own on import)
+LOWERING_MODULES = (lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter)
 # a lazy value with several users is computed once (realized) when it costs more than this
 # (see ir.Expr.cost); cheaper ones are recomputed in each consumer, cheaper than memory traffic
 REALIZE_SHARED_COST = 4

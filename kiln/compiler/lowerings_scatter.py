@@ -17,7 +17,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const
-from kiln.compiler.lowerings import Fallback, broadcast, check_real, norm_dim, op, register
+from kiln.compiler.lowering_base import Fallback, broadcast, check_real, norm_dim, op, register
 from kiln.compiler.lowerings_scan import sequential_buffer
 
 aten = torch.ops.aten

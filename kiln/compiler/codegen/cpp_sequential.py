@@ -12,8 +12,8 @@ import torch
 from torch.utils._sympy.functions import FloorDiv
 
 from kiln.compiler import ir
-from kiln.compiler.codegen.cpp import CTYPES, ExprPrinter, cindex, compute_ctype, reduction_init
-from kiln.compiler.schedule import loop_var
+from kiln.compiler.codegen.cpp_exprs import CTYPES, ExprPrinter, cindex, compute_ctype, reduction_init
+from kiln.compiler.loop_nodes import loop_var
 from kiln.compiler.schedule_sequential import ScanPlan, ScatterPlan, position_symbol
 
 ERROR_FLAG = "kiln_err"  # the entry parameter (int64_t*) a scatter sets on an out-of-range index
