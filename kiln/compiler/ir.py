@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 # dtypes computed in float inside kernels (loaded and stored with a conversion)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -151,9 +152,18 @@ class Layout:
 
 def size_expr(s):
     """A size, stride or SymInt as sympy: ints become Integers, SymInts their ShapeEnv expression
-    (over symbols s0, s1, ... that the wrapper binds from the inputs at each call)."""
+    (over symbols s0, s1, ... that the wrapper binds from the inputs at each call).
+
+    An expression the guards pin to one value is that value: `y[..., 1::2]` has size s1//2, and
+    when the trace broadcast it against another size it guarded s1//2 == 1; the IR must see the 1,
+    or it would index the dim instead of broadcasting it."""
     if isinstance(s, torch.SymInt):
-        return sympy.sympify(s.node.expr)
+        expr = sympy.sympify(s.node.expr)
+        if not expr.is_Symbol and not expr.is_number:
+            hint = s.node.hint
+            if hint is not None and statically_known_true(s == hint):
+                return sympy.Integer(int(hint))
+        return expr
     return sympy.Integer(int(s))
 
 

@@ -16,6 +16,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from kiln.compiler import ir
 from kiln.compiler import lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter
 from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext
+from kiln.compiler.size_facts import SizeFacts
 from kiln.debug.logs import log
 
 # the modules whose lowerings fill LOWERINGS (each registers its own on import)
@@ -74,6 +75,7 @@ class GraphLowering(LoweringContext):
         # size symbol -> Python source reading it from the inputs (empty for static graphs); float
         # symbols (not integer) -> Python source computing them from the size symbols
         self.symbol_sources = {}
+        self.facts = SizeFacts.of_graph(gm)  # what the guards proved about symbolic sizes
 
     # ---- buffers -------------------------------------------------------------------------
     def new_name(self):

@@ -36,6 +36,8 @@ class LoweringContext:
     def out_meta(self):
         raise NotImplementedError
 
+    # facts: a SizeFacts, what the guards proved about the graph's symbolic sizes
+
 
 def register(*ops):
     def decorate(fn):
@@ -81,17 +83,33 @@ def promoted(a, b):
     return torch.result_type(rep(a), rep(b))
 
 
-def broadcast(x, sizes, dtype):
+def broadcast_map(ctx, in_sizes, out_sizes):
+    """index map: out index -> the index into a value of `in_sizes` broadcast to `out_sizes`
+    (trailing dims aligned). A dim broadcasts when its size is 1; a symbolic size that differs
+    from the out size must be proven 1 or proven equal by the guards (`ir.size_expr` already turns
+    sizes the guards pin into numbers), never assumed: else Fallback, raised here, not later
+    inside a loader."""
+    n, k = len(out_sizes), len(in_sizes)
+    keep = []
+    for s, o in zip(in_sizes, out_sizes[n - k:]):
+        if s == o:
+            keep.append(True)
+        elif s == 1 or ctx.facts.equal(s, 1):
+            keep.append(False)
+        elif ctx.facts.equal(s, o):
+            keep.append(True)
+        else:
+            raise Fallback(f"size {s} broadcast to {o}: the guards prove neither {s} == 1 nor {s} == {o}")
+    return lambda idx: tuple(i if kept else ZERO for i, kept in zip(idx[n - k:], keep))
+
+
+def broadcast(ctx, x, sizes, dtype):
     """index -> Expr of `x` (TensorValue or scalar) broadcast to `sizes`, converted to `dtype`."""
     if not isinstance(x, TensorValue):
         value = scalar(x, dtype)
         return lambda idx: value
-    n, k = len(sizes), x.ndim
-
-    def load(idx):
-        sub = tuple(ZERO if (s == 1 and o != 1) else i for i, s, o in zip(idx[n - k:], x.sizes, sizes[n - k:]))
-        return cast(x.loader(sub), dtype)
-    return load
+    index_map = broadcast_map(ctx, x.sizes, sizes)
+    return lambda idx: cast(x.loader(index_map(idx)), dtype)
 
 
 def pointwise(ctx, fn, *args, compute=None):
@@ -100,7 +118,7 @@ def pointwise(ctx, fn, *args, compute=None):
     meta = ctx.out_meta()
     dtype, sizes = meta.dtype, out_sizes(ctx)
     compute = calc_dtype(compute or dtype)
-    loaders = [broadcast(a, sizes, compute) for a in args]
+    loaders = [broadcast(ctx, a, sizes, compute) for a in args]
     return TensorValue(sizes, dtype, lambda idx: cast(fn(*(l(idx) for l in loaders)), dtype))
 
 
@@ -119,3 +137,15 @@ def check_real(*values):
 
 def norm_dim(d, ndim):
     return d + max(ndim, 1) if d < 0 else d
+
+
+def index_checker(ctx, size, what, wraps=False):
+    """value -> an index symbol for the int64 `value` read from a tensor into a dim of `size`.
+    The kernel checks the value when it runs (eager raises on an out-of-range index, and a kernel
+    must never read outside its tensor): out of range, it raises KernelIndexError naming `what`.
+    With `wraps`, negative values count from the end (indexing; not gather or index_select). A dim
+    the guards do not prove non-empty declines here (there would be no element to read instead)."""
+    if not ctx.facts.known(sympy.Ge(size, 1)):
+        raise Fallback(f"{what}: the dim may be empty")
+    bound = index_expr(size)
+    return lambda value: ir.indirect(Expr("check_index", (cast(value, torch.int64), bound, what, wraps), torch.int64))

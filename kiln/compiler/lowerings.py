@@ -9,8 +9,8 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const, index_expr
-from kiln.compiler.lowering_base import (ONE, ZERO, Fallback, aten, broadcast, calc_dtype, check_real, norm_dim, op,
-                                         out_sizes, pointwise, prims, promoted, register, scalar)
+from kiln.compiler.lowering_base import (ONE, ZERO, Fallback, aten, broadcast, broadcast_map, calc_dtype, check_real,
+                                         index_checker, norm_dim, op, out_sizes, pointwise, prims, promoted, register, scalar)
 
 # ---- elementwise math ----------------------------------------------------------------------
 
@@ -195,8 +195,8 @@ for _target, _name in LOGICAL.items():
 def where(ctx, cond, a, b):
     check_real(a, b)
     sizes, dtype = out_sizes(ctx), ctx.out_meta().dtype
-    c = broadcast(cond, sizes, torch.bool)
-    x, y = broadcast(a, sizes, calc_dtype(dtype)), broadcast(b, sizes, calc_dtype(dtype))
+    c = broadcast(ctx, cond, sizes, torch.bool)
+    x, y = broadcast(ctx, a, sizes, calc_dtype(dtype)), broadcast(ctx, b, sizes, calc_dtype(dtype))
     return TensorValue(sizes, dtype, lambda idx: cast(op("where", c(idx), x(idx), y(idx)), dtype))
 
 
@@ -328,9 +328,7 @@ def transpose(ctx, x, d0=0, d1=1):
 @register(aten.expand.default, aten.expand_copy.default)
 def expand(ctx, x, sizes, implicit=False):
     sizes = out_sizes(ctx)
-    n, k = len(sizes), x.ndim
-    return view_map(x, sizes, lambda idx: [ZERO if (s == 1 and o != 1) else i
-                                           for i, s, o in zip(idx[n - k:], x.sizes, sizes[n - k:])])
+    return view_map(x, sizes, broadcast_map(ctx, x.sizes, sizes))
 
 
 @register(aten.unsqueeze.default, aten.unsqueeze_copy.default)
@@ -361,10 +359,10 @@ def squeeze(ctx, x, dims=None):
 def select(ctx, x, dim, index):
     dim = norm_dim(dim, x.ndim)
     index = sympy.sympify(index)  # an int, or a size expression (x[x.size(0) - 1])
-    if not _nonnegative(index):
-        if not index.is_number:
-            raise Fallback("a select index that may be negative")
-        index = index + x.sizes[dim]
+    if not ctx.facts.known(sympy.Ge(index, 0)):
+        if not ctx.facts.known(sympy.Lt(index, 0)):
+            raise Fallback("a select index that may be negative or not")
+        index = index + x.sizes[dim]  # eager checked it is in range
     return view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
                     lambda idx: list(idx[:dim]) + [index] + list(idx[dim:]))
 
@@ -375,24 +373,25 @@ def slice_(ctx, x, dim=0, start=None, end=None, step=1):
     if x.sizes[dim].is_number:
         start, end, step = slice(start, end, step).indices(int(x.sizes[dim]))
     else:
-        start = symbolic_slice_start(start, x.sizes[dim])
+        start = slice_start(ctx, start, x.sizes[dim])
     sizes = list(x.sizes)
     sizes[dim] = out_sizes(ctx)[dim]  # the length (end only bounds it): the trace's answer
     return view_map(x, sizes, lambda idx: list(idx[:dim]) + [start + idx[dim] * step] + list(idx[dim + 1:]))
 
 
-def symbolic_slice_start(start, size):
-    """The first index of a slice of a dim of symbolic `size`, when it is known without clamping:
-    0, a non-negative number or expression, or size + a negative int (the trace guarded that it is
-    in range or made the length 0). Else Fallback."""
+def slice_start(ctx, start, size):
+    """The first index of a slice of a dim of symbolic `size`, clamped as Python clamps it: a
+    negative start counts from the end and stops at 0 (x[-512:] of 100 rows starts at row 0), a
+    start past the end stops there. Each clamp stays in the index (Min/Max) unless the guards prove
+    it does nothing; a start whose sign the guards do not fix declines (aten slices it)."""
     if start is None:
         return ZERO
     start = sympy.sympify(start)
-    if _nonnegative(start):
-        return start
-    if start.is_number:
-        return size + start
-    raise Fallback("a slice start that may be negative")
+    if ctx.facts.known(sympy.Ge(start, 0)):
+        return ctx.facts.bounded_above(start, size)
+    if ctx.facts.known(sympy.Lt(start, 0)):
+        return ctx.facts.bounded_above(ctx.facts.bounded_below(size + start, 0), size)
+    raise Fallback("a slice start that may be negative or not")
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor,
@@ -775,7 +774,8 @@ def in_bounds(sym, lo, hi):
 
 
 def clamped(sym, size):
-    return sympy.Min(sympy.Max(sym, 0), size - 1)
+    """sym clamped into [0, size) (to 0 when size is 0: a load nothing selects stays in bounds)."""
+    return sympy.Min(sympy.Max(sym, 0), sympy.Max(size - 1, 0))
 
 
 @register(aten.cat.default)
@@ -829,21 +829,15 @@ def constant_pad_nd(ctx, x, pad, value=0):
     return TensorValue(sizes, dtype, fn)
 
 
-def wrapped_index(value, size):
-    """An int64 index Expr with negative values counted from the end (as eager's indexing)."""
-    v = cast(value, torch.int64)
-    negative = op("lt", v, const(0, torch.int64), dtype=torch.bool)
-    return op("where", negative, op("add", v, scalar(sympy.sympify(size), torch.int64)), v)
-
-
 @register(aten.embedding.default)
 def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     check_real(weight)
     sizes = out_sizes(ctx)
     k = indices.ndim
+    row_of = index_checker(ctx, weight.sizes[0], "embedding rows")
 
     def fn(idx):
-        row = ir.indirect(cast(indices.loader(tuple(idx[:k])), torch.int64))
+        row = row_of(indices.loader(tuple(idx[:k])))
         return weight.loader((row,) + tuple(idx[k:]))
     return TensorValue(sizes, weight.dtype, fn)
 
@@ -854,10 +848,11 @@ def index_select(ctx, x, dim, index):
     if x.ndim == 0:
         raise Fallback("index_select on a 0-d tensor")
     dim = norm_dim(dim, x.ndim)
+    pick_of = index_checker(ctx, x.sizes[dim], f"index_select on dimension {dim}")
 
     def fn(idx):
         pick = index.loader((idx[dim],) if index.ndim else ())
-        return x.loader(tuple(idx[:dim]) + (ir.indirect(cast(pick, torch.int64)),) + tuple(idx[dim + 1:]))
+        return x.loader(tuple(idx[:dim]) + (pick_of(pick),) + tuple(idx[dim + 1:]))
     return TensorValue(out_sizes(ctx), x.dtype, fn)
 
 
@@ -867,10 +862,10 @@ def gather(ctx, x, dim, index, sparse_grad=False):
     dim = norm_dim(dim, x.ndim)
     if x.ndim == 0 or index.ndim != x.ndim:
         raise Fallback("gather on a 0-d tensor")
+    pick_of = index_checker(ctx, x.sizes[dim], f"gather on dimension {dim}")  # no negative indices, as eager
 
     def fn(idx):
-        pick = ir.indirect(wrapped_index(index.loader(tuple(idx)), x.sizes[dim]))
-        return x.loader(tuple(idx[:dim]) + (pick,) + tuple(idx[dim + 1:]))
+        return x.loader(tuple(idx[:dim]) + (pick_of(index.loader(tuple(idx))),) + tuple(idx[dim + 1:]))
     return TensorValue(out_sizes(ctx), x.dtype, fn)
 
 
@@ -882,10 +877,10 @@ def index(ctx, x, indices):
     if len(used) != 1 or indices[used[0]].dtype not in (torch.int64, torch.int32):
         raise Fallback("advanced indexing with several or boolean index tensors")
     dim, ind = used[0], indices[used[0]]
+    row_of = index_checker(ctx, x.sizes[dim], f"indexing dimension {dim}", wraps=True)
 
     def fn(idx):
-        pick = ind.loader(tuple(idx[dim:dim + ind.ndim]))
-        row = ir.indirect(wrapped_index(pick, x.sizes[dim]))
+        row = row_of(ind.loader(tuple(idx[dim:dim + ind.ndim])))
         return x.loader(tuple(idx[:dim]) + (row,) + tuple(idx[dim + ind.ndim:]))
     return TensorValue(out_sizes(ctx), x.dtype, fn)
 
@@ -903,8 +898,8 @@ def prims_sum(ctx, x, dims, output_dtype=None):
 def broadcast_in_dim(ctx, x, shape, broadcast_dimensions):
     sizes = out_sizes(ctx)
     dims = list(broadcast_dimensions)
-    return view_map(x, sizes, lambda idx: [ZERO if x.sizes[k] == 1 and sizes[d] != 1 else idx[d]
-                                           for k, d in enumerate(dims)])
+    index_map = broadcast_map(ctx, x.sizes, [sizes[d] for d in dims])
+    return view_map(x, sizes, lambda idx: index_map([idx[d] for d in dims]))
 
 
 @register(prims.div.default)

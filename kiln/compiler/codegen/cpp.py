@@ -20,7 +20,9 @@ from kiln.compiler.codegen import cpp_columns
 from kiln.compiler.codegen.cpp_exprs import (CTYPES, REDUCTIONS, ExprPrinter, cindex, compute_ctype, reduction_init,
                                              simd_reduction_op)
 from kiln.compiler.codegen.cpp_prelude import LINK_FLAGS, PRELUDE  # noqa: F401 (LINK_FLAGS: what its source links)
-from kiln.compiler.codegen.cpp_sequential import ERROR_FLAG, needs_error_flag, write_sequential
+from kiln.compiler.codegen.cpp_memory import ERROR_FLAG, Checks, Memory, extent
+from kiln.compiler.codegen.cpp_sequential import write_sequential
+from kiln.config import bounds_checks_default
 from kiln.compiler.loop_nodes import loop_var
 from kiln.compiler.schedule import Kernel, kernel_stages
 
@@ -37,13 +39,14 @@ class Entry:
     args: list          # buffer names passed as pointers
     uses_workspace: bool
     sizes: list = dataclasses.field(default_factory=list)  # size symbols passed as int64_t, after the pointers
-    checks_indices: bool = False  # takes `int64_t* kiln_err` last: a scatter met an out-of-range index
+    checks: list = dataclasses.field(default_factory=list)  # CheckSites: takes `int64_t* kiln_err` last
 
 
 class KernelWriter:
-    def __init__(self, kernel: Kernel, program, ws_offsets, options, pointer_of):
+    def __init__(self, kernel: Kernel, program, ws_offsets, options, pointer_of, checks):
         self.kernel, self.program, self.options = kernel, program, options
         self.ws_offsets, self.pointer_of = ws_offsets, pointer_of
+        self.checks = checks  # the translation unit's check sites (codegen/cpp_memory)
         self.threads = options.get("cpp.threads", -1)
         if self.threads is None or self.threads < 1:
             self.threads = torch.get_num_threads()
@@ -72,7 +75,7 @@ class KernelWriter:
         body = []
         self.locals = {}
         self.rows = self.row_arrays(body, body_indent)
-        outer_printer = ExprPrinter(body, body_indent, self.pointers, self.locals)
+        outer_printer = ExprPrinter(body, body_indent, self.memory, self.locals)
         stages = kernel_stages(k)
         pointwise_only = k.rnumel == 1 and not any(n.is_reduction for n in k.nodes)
         if not pointwise_only and cpp_columns.fits(self, stages):  # x.sum(0): vectorize across columns
@@ -87,12 +90,14 @@ class KernelWriter:
         return lines
 
     def pointer_lines(self):
+        """Declare the pointers of the buffers this kernel reaches (and, with bounds checks, their
+        extents); sets `self.memory`, through which every access is printed."""
         names = set()
         for n in self.kernel.nodes:
             names |= n.reads
             if self.program.storage[n.name] != "local":
                 names.add(n.name)
-        self.pointers, out = {}, []
+        pointers, extents, out = {}, {}, []
         for name in sorted(names, key=lambda s: (len(s), s)):
             if self.program.storage.get(name) in ("local", "row"):
                 continue
@@ -104,7 +109,11 @@ class KernelWriter:
                       if self.program.storage[name] == "workspace"
                       else self.pointer_of(name))
             out.append(f"    {const}{ctype}* __restrict__ {name} = ({const}{ctype}*){source};")
-            self.pointers[name] = name
+            pointers[name] = name
+            if self.checks.bounds_checks:
+                extents[name] = f"extent_{name}"
+                out.append(f"    const int64_t extent_{name} = {extent(buf.layout)};")
+        self.memory = Memory(self.checks, self.kernel.name, pointers, extents)
         return out
 
     def row_arrays(self, body, indent):
@@ -181,7 +190,7 @@ class KernelWriter:
             store = printer.index(node.store_index)
             out = f"({CTYPES[dtype]}){local}" if dtype == torch.float16 else (
                 f"kiln_bf16_store({local})" if dtype == torch.bfloat16 else local)
-            printer.lines.append("  " * printer.indent + f"{node.name}[{store}] = {out};")
+            printer.lines.append("  " * printer.indent + self.memory.store(node.name, store, out))
 
     def write_stage(self, stage, body, indent, outer_printer):
         k = self.kernel
@@ -208,7 +217,7 @@ class KernelWriter:
         simd_ok = all(c is not None for c in clauses) and len(clauses) == len(reductions)
         loop_lines = []
         inner_indent = indent + max(len(self.inner), 0) + (1 if not self.inner else 0)
-        printer = ExprPrinter(loop_lines, inner_indent, self.pointers, self.locals, self.rows, set(self.locals))
+        printer = ExprPrinter(loop_lines, inner_indent, self.memory, self.locals, self.rows, set(self.locals))
         self.write_loop_body(stage, accs, printer)
         if not self.inner:
             body.append(f"{pad}{{")
@@ -298,6 +307,7 @@ def generate(program, ws_offsets, options, symbols=()):
         else:
             current = None
     parts = [PRELUDE]
+    checks = Checks(bounds_checks=options.get("debug_bounds_checks", bounds_checks_default()))
     for entry in entries:
         args = []
 
@@ -306,19 +316,20 @@ def generate(program, ws_offsets, options, symbols=()):
                 args.append(name)
             return f"p_{name}"
         body = []
+        first_site = len(checks.sites)
         for kernel in entry.kernels:
-            body += KernelWriter(kernel, program, ws_offsets, options, pointer_of).write()
+            body += KernelWriter(kernel, program, ws_offsets, options, pointer_of, checks).write()
+        entry.checks = checks.sites[first_site:]
         entry.args = args
         entry.uses_workspace = any(program.storage[n.name] == "workspace" or
                                    any(program.storage.get(r) == "workspace" for r in n.reads)
                                    for k in entry.kernels for n in k.nodes)
-        entry.checks_indices = any(needs_error_flag(k) for k in entry.kernels)
         used = set(re.findall(r"\b[a-z]+\d+\b", "\n".join(body)))
         entry.sizes = [str(sym) for sym in symbols if str(sym) in used]
         ctypes_of = {str(sym): "int64_t" if sym.is_integer else "double" for sym in symbols}
         params = ([f"void* p_{a}" for a in args] + (["char* ws"] if entry.uses_workspace else [])
                   + [f"const {ctypes_of[name]} {name}" for name in entry.sizes])
-        params += [f"int64_t* {ERROR_FLAG}"] if entry.checks_indices else []
+        params += [f"int64_t* {ERROR_FLAG}"] if entry.checks else []
         parts.append(f'extern "C" void {entry.name}({", ".join(params)}) {{')
         parts += body
         parts.append("}\n")

@@ -76,7 +76,7 @@ def write_columns(writer, stages, parallel):
     lines.append(f"{pad}const int64_t {x}_end = std::min<int64_t>({x}b + {BLOCK}, {cindex(outer[-1])});")
     accs = _declare_accumulators(writer, first, lines, pad, x)
     inner_lines = []
-    printer = ExprPrinter(inner_lines, depth + 2 + len(writer.inner), writer.pointers, writer.locals,
+    printer = ExprPrinter(inner_lines, depth + 2 + len(writer.inner), writer.memory, writer.locals,
                           writer.rows, set(writer.locals))
     writer.write_loop_body(first, accs, printer)
     for i, size in enumerate(writer.inner):
@@ -126,7 +126,7 @@ def _finish(writer, first, rest, accs, depth, x):
     """Per output point of the block: the reductions' results, then the work that follows them."""
     pad = "  " * depth
     body = []
-    printer = ExprPrinter(body, depth + 1, writer.pointers, writer.locals)
+    printer = ExprPrinter(body, depth + 1, writer.memory, writer.locals)
     for node in first:
         if node.is_reduction:
             printer.mapping = writer.maps[node.name]

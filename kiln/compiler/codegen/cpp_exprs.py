@@ -83,9 +83,9 @@ BINARY_CALLS = {"maximum": "kiln_max", "minimum": "kiln_min",
 class ExprPrinter:
     """Prints Exprs into `lines` as typed temporaries, sharing equal subexpressions."""
 
-    def __init__(self, lines, indent, pointers, locals_, rows=None, outer_values=()):
+    def __init__(self, lines, indent, memory, locals_, rows=None, outer_values=()):
         self.lines, self.indent = lines, indent
-        self.pointers = pointers   # buffer name -> C++ pointer name
+        self.memory = memory       # prints loads and index checks (codegen/cpp_memory.Memory)
         self.locals = locals_      # buffer name -> C++ variable holding its value here
         self.rows = rows or {}     # buffer name -> its element in the per-thread row array
         self.outer_values = set(outer_values)  # buffers held in registers from before this loop
@@ -125,12 +125,16 @@ class ExprPrinter:
             if name in self.rows:  # fusion guarantees the read is at the point that wrote it
                 return self.temp(("load", self.rows[name]), ctype, self.rows[name])
             extra = {sym: sympy.Symbol(self.expr(value)) for sym, value in bindings}
-            code = f"{self.pointers[name]}[{self.index(index, extra)}]"
+            code = self.memory.load(name, self.index(index, extra))
             if e.dtype == torch.float16:
                 code = f"(float){code}"
             elif e.dtype == torch.bfloat16:
                 code = f"kiln_bf16_load({code})"
             return self.temp(("load", code), ctype, code)
+        if e.op == "check_index":  # an index read from a tensor (see lowering_base.index_checker)
+            value, bound, what, wraps = e.args
+            args = (self.expr(value), self.expr(bound))
+            return self.temp(("check_index", args, wraps), ctype, self.memory.checked_index(*args, what, wraps))
         args = [self.expr(a) for a in e.args]
         if e.op == "truediv" and ctype in ("float", "double") and self.is_loop_invariant(e.args[1]):
             # x / s with s fixed for the whole loop: multiply by 1/s, computed once (eager's own

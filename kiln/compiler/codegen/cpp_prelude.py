@@ -127,6 +127,30 @@ static inline float kiln_erf(float x) {
 static inline double kiln_erf(double x) { return std::erf(x); }
 template <typename T> static inline T kiln_sigmoid(T x) { return T(1) / (T(1) + kiln_exp(-x)); }
 
+// checks of generated kernels (codegen/cpp_memory.py): a failure records (code, index, bound) for
+// the wrapper to raise, and the access goes to element 0 or nowhere
+static __attribute__((noinline, cold)) int64_t kiln_fail(int64_t i, int64_t n, int64_t* err, int64_t code) {
+  __atomic_store_n(&err[1], i, __ATOMIC_RELAXED);
+  __atomic_store_n(&err[2], n, __ATOMIC_RELAXED);
+  __atomic_store_n(&err[0], code, __ATOMIC_RELAXED);
+  return 0;
+}
+static inline int64_t kiln_check_index(int64_t i, int64_t n, int64_t* err, int64_t code) {
+  return (uint64_t)i < (uint64_t)n ? i : kiln_fail(i, n, err, code);
+}
+static inline int64_t kiln_check_wrapped_index(int64_t i, int64_t n, int64_t* err, int64_t code) {
+  int64_t w = i < 0 ? i + n : i;
+  return (uint64_t)w < (uint64_t)n ? w : kiln_fail(i, n, err, code);
+}
+static inline bool kiln_in_bounds(int64_t i, int64_t n, int64_t* err, int64_t code) {
+  if ((uint64_t)i < (uint64_t)n) return true;
+  kiln_fail(i, n, err, code);
+  return false;
+}
+template <typename T> static inline T kiln_checked_load(const T* p, int64_t i, int64_t n, int64_t* err, int64_t code) {
+  return kiln_in_bounds(i, n, err, code) ? p[i] : T(0);
+}
+
 extern "C" {
 DECLARE_VECTOR_LIBM
 // float -> int casts are xor-ed with this (0, but the compiler cannot know: another library may
