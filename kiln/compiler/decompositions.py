@@ -40,10 +40,11 @@ FUSIBLE_EXTRAS = (
 
 def _copy(self, src, non_blocking=False):
     """aten.copy (what functionalization makes of `x.copy_(src)`): src cast to x's dtype,
-    broadcast to x's shape."""
-    # copy=True: the result is x's new value, never a view of src (an output aliasing src
-    # would see src's later in-place changes, which x in eager does not)
-    return src.to(dtype=self.dtype, device=self.device, copy=True).expand(self.shape)
+    broadcast to x's shape, as a tensor of its own: never a view of src (an output aliasing src
+    would see src's later in-place changes, which x in eager does not), and never an expanded
+    one (x's new value with stride-0 dims: a later write into a view of x, `x[..., :1] = v`, would
+    write into a tensor whose elements share memory, which functionalization refuses)."""
+    return aten.expand_copy.default(src.to(dtype=self.dtype, device=self.device), list(self.shape))
 
 
 def _pow_bool(self, exponent):

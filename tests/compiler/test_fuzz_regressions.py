@@ -173,3 +173,32 @@ def test_identity_lowered_output_is_not_the_input():
     x = torch.arange(6.0).view(2, 3)
     c, t = kiln.compile(clone)(x)
     assert c.data_ptr() != x.data_ptr() and t.data_ptr() == x.data_ptr()
+
+
+def test_write_into_a_view_after_a_broadcast_copy_dynamic():
+    # x.copy_(0-d v) gave x a new value that was v expanded (stride 0); with dynamic=True the
+    # later x[..., :1] = v then wrote into a tensor whose elements share memory, which
+    # functionalization refuses: BackendCompilerFailed (aot_eager too); static compiled
+    def argmax_copy(x):
+        v = x.argmax()
+        x.copy_(v)
+        x[:, :, :, :1] = v
+        return v
+
+    def row_copy(x, r):
+        x.copy_(r)
+        x[0] = 2.0
+        x[:, 1:] += 1
+        return x * 2
+
+    cases = [(argmax_copy, lambda: (grid(1, 2, 2, 12),)),
+             (row_copy, lambda: (grid(3, 4), grid(4, seed=1)))]
+    for fn, make in cases:
+        for backend in ("aot_eager", "inductor"):
+            for dynamic in (False, True):
+                eager_in, kiln_in = make(), make()
+                expected = fn(*eager_in)
+                kiln.reset()
+                actual = kiln.compile(fn, backend=backend, dynamic=dynamic)(*kiln_in)
+                torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+                torch.testing.assert_close(kiln_in, eager_in, rtol=0, atol=0)
