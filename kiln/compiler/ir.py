@@ -25,6 +25,15 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 # dtypes generated kernels read and write; ops on other dtypes run through aten
 KERNEL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                  torch.bool) + HALF_DTYPES
+# the device types generated kernels run on, and their backend (the C++ one reaches CPU memory
+# only); an op on a tensor of any other device (meta, cuda today) runs through aten
+KERNEL_BACKENDS = {"cpu": "cpp"}
+CPU = torch.device("cpu")
+
+
+def kernel_device(device):
+    """Whether generated kernels may touch memory of `device`."""
+    return device.type in KERNEL_BACKENDS
 
 
 class Expr:
@@ -141,6 +150,7 @@ class Layout:
     strides: tuple
     dtype: torch.dtype
     offset: sympy.Expr = sympy.Integer(0)
+    device: torch.device = CPU  # where the memory is (kernels compute on CPU)
 
     def index(self, idx):
         return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.Integer(0))

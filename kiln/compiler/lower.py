@@ -34,7 +34,7 @@ def sym_sizes(t):
 
 def sym_layout(t):
     # no offset: kernels and views start at the tensor's data_ptr(), which includes it
-    return ir.Layout(sym_sizes(t), tuple(ir.size_expr(s) for s in t.stride()), t.dtype)
+    return ir.Layout(sym_sizes(t), tuple(ir.size_expr(s) for s in t.stride()), t.dtype, device=t.device)
 
 
 def symbol_sources(placeholders):
@@ -154,9 +154,13 @@ class GraphLowering(LoweringContext):
         """Why `node` must run through aten even though it has a lowering, or None."""
         if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
             return "random op: aten draws the numbers, as eager does"
-        tensors = [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
-        if any(isinstance(t, torch.Tensor) and t.dtype not in ir.KERNEL_DTYPES for t in tensors):
+        tensors = [t for t in [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
+                   if isinstance(t, torch.Tensor)]
+        if any(t.dtype not in ir.KERNEL_DTYPES for t in tensors):
             return "a dtype kernels have no C++ type for"
+        other = [t.device for t in tensors if not ir.kernel_device(t.device)]
+        if other:  # the device seam: kernels of the C++ backend never see another device's memory
+            return f"a tensor on device {other[0]}, which kiln has no kernel backend for"
         return None
 
     def float_symbol(self, value):

@@ -299,7 +299,7 @@ def view_map(x, sizes, index_map):
             offset = flat.xreplace({s: ZERO for s in syms})
             # torch has no negative strides: such views (flip) stay index maps
             if all(_nonnegative(st) for st in strides) and _nonnegative(offset):
-                layout = ir.Layout(sizes, strides, x.dtype, offset)
+                layout = ir.Layout(sizes, strides, x.dtype, offset, x.view.layout.device)
                 return ir.view_value(x.view.name, layout)
     return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
 
@@ -456,7 +456,8 @@ def view(ctx, x, sizes, *unused):
         if strides is None:
             strides = traced_view_strides(ctx, x.view.layout)
         if strides is not None:
-            return ir.view_value(x.view.name, ir.Layout(sizes, strides, x.dtype, x.view.layout.offset))
+            return ir.view_value(x.view.name, ir.Layout(sizes, strides, x.dtype, x.view.layout.offset,
+                                                        x.view.layout.device))
     index_map = split_only_map(x.sizes, sizes)
     if index_map is not None:
         return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))

@@ -102,6 +102,8 @@ class KernelWriter:
             if self.program.storage.get(name) in ("local", "row"):
                 continue
             buf = self.program.buffers[name]
+            if not ir.kernel_device(buf.layout.device):  # lowering sends such ops to aten: a kiln bug
+                raise AssertionError(f"{self.kernel.name} would touch {name} on device {buf.layout.device}")
             ctype = CTYPES[buf.layout.dtype]
             written = any(n.name == name for n in self.kernel.nodes)
             const = "" if written else "const "
