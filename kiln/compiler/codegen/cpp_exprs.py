@@ -71,7 +71,7 @@ def cindex(e):
 
 UNARY_CALLS = {name: f"std::{name}" for name in ("sqrt", "floor", "ceil", "trunc", "lgamma")}
 UNARY_CALLS.update(round="std::nearbyint", relu="kiln_relu", sign="kiln_sign", isinf="std::isinf",
-                   exp="kiln_exp", tanh="kiln_tanh", erf="kiln_erf", sigmoid="kiln_sigmoid")
+                   exp="kiln_exp", tanh="kiln_tanh", sigmoid="kiln_sigmoid")
 BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
               "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
               "logical_and": "&&", "logical_or": "||"}
