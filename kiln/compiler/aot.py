@@ -483,4 +483,14 @@ def make_runner(aten: AtenGraph, flat_fn):
         if name.startswith("kiln_"):
             setattr(run, name, getattr(flat_fn, name))
     run.kiln_aten = aten
+    run.kiln_mutated_inputs = tuple(aten.mutated_inputs)  # assumed to share memory with no other input
     return run
+
+
+def mutated_inputs_alias(args, mutated):
+    """Whether an input in `mutated` (positions) shares storage with another tensor input."""
+    storages = {}
+    for i, x in enumerate(args):
+        if isinstance(x, torch.Tensor):
+            storages.setdefault(x.untyped_storage().data_ptr(), []).append(i)
+    return any(len(storages[args[i].untyped_storage().data_ptr()]) > 1 for i in mutated)
