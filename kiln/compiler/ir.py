@@ -183,11 +183,13 @@ SYMBOL_HINT = 8191
 
 
 def size_hint(e):
-    """A number for ordering size expressions (never for deciding a result)."""
+    """A number for ordering size expressions (never for deciding a result). Its magnitude: a size
+    like 11 - s0 (a slice's length, s0 <= 11 by a guard) is small but comes out negative, and
+    products of sizes must order by their factors."""
     e = sympy.sympify(e)
     if e.is_number:
         return e
-    return e.xreplace({s: sympy.Integer(SYMBOL_HINT) for s in e.free_symbols})
+    return abs(e.xreplace({s: sympy.Integer(SYMBOL_HINT) for s in e.free_symbols}))
 
 
 def is_symbolic(e):

@@ -133,6 +133,8 @@ class Kernel:
     def dims(self):
         """(outer sizes, inner sizes) of the loop nest: the common refinement of the nodes' dims,
         or (None, None) when the nodes' dims do not nest."""
+        if len(self.nodes) == 1:  # its own dims (no ordering of symbolic sizes to get wrong)
+            return list(self.nodes[0].sizes), list(self.nodes[0].reduction_sizes)
         outer, inner = {self.numel}, {self.rnumel}
         for node in self.nodes:
             role = self.role(node)
