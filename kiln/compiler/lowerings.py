@@ -789,6 +789,10 @@ def cat(ctx, tensors, dim=0):
     dim = norm_dim(dim, len(sizes))
     if all(t.sizes[dim] == 0 for t in parts):  # nothing to load from (the result is empty)
         raise Fallback("every part is empty along the cat dim")
+    if any(t.sizes[dim] != 0 and not ctx.facts.known(sympy.Ge(t.sizes[dim], 1)) for t in parts):
+        # each part is loaded (at a clamped index) wherever the cat reads: one that may be empty
+        # when it runs has no element to load
+        raise Fallback("a part whose symbolic length may be 0")
     offsets, start = [], 0
     for t in parts:
         offsets.append(start)
@@ -815,8 +819,8 @@ def cat(ctx, tensors, dim=0):
 def constant_pad_nd(ctx, x, pad, value=0):
     check_real(x)
     sizes, dtype = out_sizes(ctx), x.dtype
-    if any(s == 0 for s in x.sizes):
-        raise Fallback("padding an empty tensor")
+    if not all(ctx.facts.known(sympy.Ge(s, 1)) for s in x.sizes):  # padding reads x at a clamped index
+        raise Fallback("padding a tensor that is or may be empty")
     before = {x.ndim - 1 - k // 2: pad[k] for k in range(0, len(pad), 2)}
 
     def fn(idx):

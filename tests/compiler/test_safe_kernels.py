@@ -141,3 +141,17 @@ def test_bounds_checks_follow_the_environment(monkeypatch):
     compiled = compile_fx(torch.fx.symbolic_trace(lambda x: x * 2 + 1), [x], {"graph_cache": False})
     torch.testing.assert_close(compiled(x), x * 2 + 1)
     assert "kiln_checked_load(" in compiled.kiln_source
+
+
+def test_cat_and_pad_of_parts_that_may_be_empty_when_they_run():
+    # cat and pad load every part at a clamped index; a part of symbolic length s - 2 (here a
+    # buffer of its own: two users) is empty at s = 2 and has no element to load: aten cats it
+    def cat(x):
+        part = (x[:x.size(0) - 2] * 2).exp()
+        return torch.cat([part, x]), part.sin()
+
+    def pad(x):
+        part = (x[2:] * 2).exp()
+        return F.pad(part, (1, 1)), part.sin()
+    for fn in (cat, pad):
+        check_calls(fn, [(randn(n, 3, seed=n),) for n in (5, 2, 3)], debug_bounds_checks=True)
