@@ -388,9 +388,9 @@ def slice_start(ctx, start, size):
         return ZERO
     start = sympy.sympify(start)
     if ctx.facts.known(sympy.Ge(start, 0)):
-        return ctx.facts.bounded_above(start, size)
+        return ctx.facts.clamp(start, 0, size)
     if ctx.facts.known(sympy.Lt(start, 0)):
-        return ctx.facts.bounded_above(ctx.facts.bounded_below(size + start, 0), size)
+        return ctx.facts.clamp(size + start, 0, size)
     raise Fallback("a slice start that may be negative or not")
 
 

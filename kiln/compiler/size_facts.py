@@ -42,21 +42,15 @@ class SizeFacts:
     def equal(self, a, b):
         return a == b or self.known(sympy.Eq(a, b))
 
-    def bounded_below(self, e, low):
-        """`e`, or Max(e, low) where the guards do not prove e >= low."""
-        if self.known(sympy.Ge(e, low)):
-            return e
+    def clamp(self, e, low, high):
+        """e clamped into [low, high], as sympy: each bound the guards prove e keeps (or crosses)
+        is left out (or taken), the others stay in as Max/Min."""
         if self.known(sympy.Le(e, low)):
             return sympy.sympify(low)
-        return sympy.Max(e, low)
-
-    def bounded_above(self, e, high):
-        """`e`, or Min(e, high) where the guards do not prove e <= high."""
-        if self.known(sympy.Le(e, high)):
-            return e
         if self.known(sympy.Ge(e, high)):
             return sympy.sympify(high)
-        return sympy.Min(e, high)
+        e = e if self.known(sympy.Ge(e, low)) else sympy.Max(e, low)
+        return e if self.known(sympy.Le(e, high)) else sympy.Min(e, high)
 
 
 def _has_symbols(t):
