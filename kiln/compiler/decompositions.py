@@ -47,6 +47,14 @@ def _copy(self, src, non_blocking=False):
     return aten.expand_copy.default(src.to(dtype=self.dtype, device=self.device), list(self.shape))
 
 
+def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """aten.embedding as a gather of rows that refuses negative indices, as eager's embedding does
+    (torch's decomposition indexes weight[indices] for 2-d indices, which counts them from the end)."""
+    if weight.dim() != 2:
+        return NotImplemented
+    return weight.index_select(0, indices.reshape(-1)).view(*indices.shape, weight.shape[1])
+
+
 def _pow_bool(self, exponent):
     """bool ** bool: eager keeps bool (x ** False is all True, x ** True is x), where torch's meta
     function, which the trace follows, says int64. Other cases: the op as it is."""
@@ -60,6 +68,7 @@ def _table(fallback_random):
     table = dict(core_aten_decompositions().items())
     table.update((op, decomposition_table[op]) for op in FUSIBLE_EXTRAS)
     table[aten.copy.default] = _copy
+    table[aten.embedding.default] = _embedding
     table[aten.pow.Tensor_Scalar] = _pow_bool
     whole = {getattr(p, o) for p in KEEP_WHOLE for o in p.overloads()}
     return {op: fn for op, fn in table.items()

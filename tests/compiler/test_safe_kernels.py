@@ -88,10 +88,11 @@ INDEXING = {
     "gather": (lambda i: torch.gather(W, 0, i.view(-1, 1).expand(-1, 4)) + 1, RuntimeError),
     "index_select": (lambda i: torch.index_select(W, 0, i) + 1, IndexError),
     "embedding": (lambda i: F.embedding(i, W) + 1, IndexError),
+    "embedding_2d": (lambda i: F.embedding(i.view(1, -1), W) + 1, IndexError),  # was W[i]: took -1
 }
 
 
-@pytest.mark.parametrize("bad", [10, 1 << 40, -11], ids=["just_past", "far_past", "below"])
+@pytest.mark.parametrize("bad", [10, 1 << 40, -11, -1], ids=["just_past", "far_past", "below", "negative"])
 @pytest.mark.parametrize("name", sorted(INDEXING))
 def test_an_index_read_from_a_tensor_is_checked_when_the_kernel_runs(name, bad):
     fn, error = INDEXING[name]

@@ -320,7 +320,9 @@ def generate(program, ws_offsets, options, symbols=()):
         body = []
         first_site = len(checks.sites)
         for kernel in entry.kernels:
-            body += KernelWriter(kernel, program, ws_offsets, options, pointer_of, checks).write()
+            writer = KernelWriter(kernel, program, ws_offsets, options, pointer_of, checks)
+            lines = writer.write()
+            body += writer.memory.finish(lines)  # the index checks wired into its loops
         entry.checks = checks.sites[first_site:]
         entry.args = args
         entry.uses_workspace = any(program.storage[n.name] == "workspace" or

@@ -133,8 +133,12 @@ class ExprPrinter:
             return self.temp(("load", code), ctype, code)
         if e.op == "check_index":  # an index read from a tensor (see lowering_base.index_checker)
             value, bound, what, wraps = e.args
-            args = (self.expr(value), self.expr(bound))
-            return self.temp(("check_index", args, wraps), ctype, self.memory.checked_index(*args, what, wraps))
+            key = ("check_index", self.expr(value), bound.args[0], wraps)
+            if key not in self.cse:
+                index, record = self.memory.checked_index(key[1], cindex(bound.args[0]), what, wraps)
+                self.temp(key, ctype, index)
+                self.lines.append("  " * self.indent + record)
+            return self.cse[key]
         args = [self.expr(a) for a in e.args]
         if e.op == "truediv" and ctype in ("float", "double") and self.is_loop_invariant(e.args[1]):
             # x / s with s fixed for the whole loop: multiply by 1/s, computed once (eager's own

@@ -4,7 +4,9 @@ Every load and store of a buffer element, and every index a kernel reads from a 
 embedding, indexing), is printed by a `Memory`, so one place decides what is checked:
 
 - an index read from a tensor is always checked against the size of the dim it indexes (eager
-  raises there too); out of range, the kernel records the failure and reads element 0 instead;
+  raises there too); out of range, the kernel reads element 0 instead and sets a bit of its
+  `kiln_bad` (branch-free, OR-reduced by its OpenMP loops, so loops still vectorize) and reports
+  it after its loops;
 - with `debug_bounds_checks` (env KILN_BOUNDS_CHECK=1), every load and store is checked against
   the extent of its buffer; an access outside is recorded and skipped (a kiln bug, never a read
   of foreign memory).
@@ -14,12 +16,20 @@ The C++ helpers they call are in cpp_prelude. A failed check stores its site's c
 message (`CheckSite`), naming the kernel and the buffer or op.
 """
 import dataclasses
+import re
 
 import sympy
 
 from kiln.compiler.codegen.cpp_exprs import cindex
 
 ERROR_FLAG = "kiln_err"  # the entry parameter (int64_t[3]: code, index, bound) a failed check fills
+BAD_BITS = "kiln_bad"    # per kernel: bit k set when its k-th index check failed somewhere
+_OMP_LOOP = re.compile(r"#pragma omp (parallel for|parallel|simd)\b")
+
+
+def _with_bad_bits_reduction(line):
+    """An OpenMP loop (or parallel region) line that also OR-reduces kiln_bad; other lines as they are."""
+    return line + f" reduction(|:{BAD_BITS})" if _OMP_LOOP.search(line) else line
 
 
 class KernelIndexError(IndexError, RuntimeError):
@@ -58,6 +68,7 @@ class Memory:
         self.checks, self.kernel_name = checks, kernel_name
         self.pointers = pointers
         self.extents = extents if checks.bounds_checks else None
+        self.index_sites = []  # (code, C++ bound) of the kernel's index checks: bit k of kiln_bad
 
     def load(self, name, index):
         """C++ for the element of buffer `name` at `index` (C++ text)."""
@@ -80,15 +91,34 @@ class Memory:
                 f"{code})) {element} = {value(element) if callable(value) else value}; }}")
 
     def checked_index(self, value, bound, what, wraps):
-        """C++ for the index `value` read from a tensor, checked against `bound` (a dim's size,
-        >= 1): with `wraps`, -bound <= value < bound and negative values count from the end."""
-        fn = "kiln_check_wrapped_index" if wraps else "kiln_check_index"
-        return f"{fn}({value}, {bound}, {ERROR_FLAG}, {self.index_site(what)})"
+        """(C++ for the index `value` read from a tensor, or 0 when it is out of range, and the C++
+        statement that records that in the kernel's `kiln_bad` bits). `bound` is the C++ of the
+        dim's size (>= 1, in scope for the whole kernel); with `wraps`, -bound <= value < bound and
+        negative values count from the end. Both are branch-free, so the loop still vectorizes."""
+        code = self.index_site(what)
+        bit = min(len(self.index_sites), 63)  # past 63 sites, the last bit names the last site
+        self.index_sites.append((code, bound))
+        fn = "kiln_wrapped_index" if wraps else "kiln_index"
+        return (f"{fn}_or_zero({value}, {bound})",
+                f"{BAD_BITS} |= (uint64_t){fn}_is_bad({value}, {bound}) << {bit};")
 
     def index_site(self, what):
         """The code of a check site for an index read from a tensor, out of range for `what`."""
-        return self.checks.site(KernelIndexError, f"index {{index}} is out of bounds for {what} with size {{bound}} "
+        return self.checks.site(KernelIndexError, f"an index is out of bounds for {what} with size {{bound}} "
                                                   f"(kiln kernel {self.kernel_name})")
+
+    def finish(self, lines):
+        """The kernel's `lines` with its index checks wired in: `kiln_bad` declared before its loops,
+        OR-reduced by every OpenMP loop of the kernel, and reported after them."""
+        if not self.index_sites:
+            return lines
+        lines = [_with_bad_bits_reduction(line) for line in lines]
+        report = [f"    if ({BAD_BITS}) {{"]
+        for bit, (code, bound) in enumerate(self.index_sites[:64]):
+            report.append(f"      if (({BAD_BITS} >> {min(bit, 63)}) & 1) "
+                          f"kiln_fail(-1, {bound}, {ERROR_FLAG}, {code});")
+        report.append("    }")
+        return lines[:2] + [f"    uint64_t {BAD_BITS} = 0;"] + lines[2:-1] + report + lines[-1:]
 
     def _bounds_site(self, name, verb):
         return self.checks.site(KernelBoundsError, f"kiln kernel {self.kernel_name} {verb} buffer {name} out of "

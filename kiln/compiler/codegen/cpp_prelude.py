@@ -126,12 +126,11 @@ static __attribute__((noinline, cold)) int64_t kiln_fail(int64_t i, int64_t n, i
   __atomic_store_n(&err[0], code, __ATOMIC_RELAXED);
   return 0;
 }
-static inline int64_t kiln_check_index(int64_t i, int64_t n, int64_t* err, int64_t code) {
-  return (uint64_t)i < (uint64_t)n ? i : kiln_fail(i, n, err, code);
-}
-static inline int64_t kiln_check_wrapped_index(int64_t i, int64_t n, int64_t* err, int64_t code) {
-  int64_t w = i < 0 ? i + n : i;
-  return (uint64_t)w < (uint64_t)n ? w : kiln_fail(i, n, err, code);
+static inline bool kiln_index_is_bad(int64_t i, int64_t n) { return (uint64_t)i >= (uint64_t)n; }
+static inline int64_t kiln_index_or_zero(int64_t i, int64_t n) { return kiln_index_is_bad(i, n) ? 0 : i; }
+static inline bool kiln_wrapped_index_is_bad(int64_t i, int64_t n) { return (uint64_t)(i + n) >= (uint64_t)(2 * n); }
+static inline int64_t kiln_wrapped_index_or_zero(int64_t i, int64_t n) {
+  return kiln_wrapped_index_is_bad(i, n) ? 0 : (i < 0 ? i + n : i);
 }
 static inline bool kiln_in_bounds(int64_t i, int64_t n, int64_t* err, int64_t code) {
   if ((uint64_t)i < (uint64_t)n) return true;
