@@ -5,6 +5,7 @@
 and `mode=` may set, and `MODE_OPTIONS` what each mode sets.
 """
 import contextlib
+import os
 import sys
 
 
@@ -93,6 +94,9 @@ COMPILER_OPTIONS = {
     "trace.graph_diagram": (False, "draw the fused schedule as a diagram in the debug folder"),
     "trace.debug_dir": (None, "where trace.enabled writes (default ./kiln_debug)"),
     "debug": (False, "extra checks in the compiler"),
+    "debug_bounds_checks": (False, "generated kernels check every load and store against their buffer and raise "
+                                   "naming it (a kiln bug) instead of touching other memory; the default is on "
+                                   "when the environment sets KILN_BOUNDS_CHECK=1"),
     "graph_cache": (True, "keep compiled graphs in KILN_CACHE_DIR/graphs: a fresh process skips aot, lowering "
                           "and codegen for a graph it compiled before (inference graphs with static sizes)"),
 }
@@ -105,9 +109,16 @@ MODE_OPTIONS = {
 }
 
 
+def bounds_checks_default():
+    """debug_bounds_checks when no option sets it: KILN_BOUNDS_CHECK=1 in the environment (read when
+    compiling, so a test run can turn it on for every compile)."""
+    return os.environ.get("KILN_BOUNDS_CHECK", "") not in ("", "0")
+
+
 def compiler_options(mode=None, options=None):
     """The full option dict for one compile: defaults, then the mode's, then the user's."""
     resolved = {name: default for name, (default, _) in COMPILER_OPTIONS.items()}
+    resolved["debug_bounds_checks"] = bounds_checks_default()
     resolved.update(MODE_OPTIONS[mode or "default"])
     resolved.update(options or {})
     return resolved

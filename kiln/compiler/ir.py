@@ -18,12 +18,22 @@ from typing import Callable, Optional
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 # dtypes computed in float inside kernels (loaded and stored with a conversion)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # dtypes generated kernels read and write; ops on other dtypes run through aten
 KERNEL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                  torch.bool) + HALF_DTYPES
+# the device types generated kernels run on, and their backend (the C++ one reaches CPU memory
+# only); an op on a tensor of any other device (meta, cuda today) runs through aten
+KERNEL_BACKENDS = {"cpu": "cpp"}
+CPU = torch.device("cpu")
+
+
+def kernel_device(device):
+    """Whether generated kernels may touch memory of `device`."""
+    return device.type in KERNEL_BACKENDS
 
 
 class Expr:
@@ -140,6 +150,7 @@ class Layout:
     strides: tuple
     dtype: torch.dtype
     offset: sympy.Expr = sympy.Integer(0)
+    device: torch.device = CPU  # where the memory is (kernels compute on CPU)
 
     def index(self, idx):
         return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.Integer(0))
@@ -151,9 +162,18 @@ class Layout:
 
 def size_expr(s):
     """A size, stride or SymInt as sympy: ints become Integers, SymInts their ShapeEnv expression
-    (over symbols s0, s1, ... that the wrapper binds from the inputs at each call)."""
+    (over symbols s0, s1, ... that the wrapper binds from the inputs at each call).
+
+    An expression the guards pin to one value is that value: `y[..., 1::2]` has size s1//2, and
+    when the trace broadcast it against another size it guarded s1//2 == 1; the IR must see the 1,
+    or it would index the dim instead of broadcasting it."""
     if isinstance(s, torch.SymInt):
-        return sympy.sympify(s.node.expr)
+        expr = sympy.sympify(s.node.expr)
+        if not expr.is_Symbol and not expr.is_number:
+            hint = s.node.hint
+            if hint is not None and statically_known_true(s == hint):
+                return sympy.Integer(int(hint))
+        return expr
     return sympy.Integer(int(s))
 
 
@@ -163,11 +183,13 @@ SYMBOL_HINT = 8191
 
 
 def size_hint(e):
-    """A number for ordering size expressions (never for deciding a result)."""
+    """A number for ordering size expressions (never for deciding a result). Its magnitude: a size
+    like 11 - s0 (a slice's length, s0 <= 11 by a guard) is small but comes out negative, and
+    products of sizes must order by their factors."""
     e = sympy.sympify(e)
     if e.is_number:
         return e
-    return e.xreplace({s: sympy.Integer(SYMBOL_HINT) for s in e.free_symbols})
+    return abs(e.xreplace({s: sympy.Integer(SYMBOL_HINT) for s in e.free_symbols}))
 
 
 def is_symbolic(e):
