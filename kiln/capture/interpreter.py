@@ -10,6 +10,7 @@ import operator
 import sysconfig
 
 from kiln.capture import objects
+from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
 from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
@@ -32,16 +33,12 @@ MAX_STEPS = 2_000_000
 
 
 class _Instructions:
-    """A code object's instructions, with offset -> index; cached per code object."""
-    _cache = {}
+    """A code object's instructions, with offset -> index; cached per code object, while it lives."""
+    _cache = IdentityTable()
 
     @classmethod
     def of(cls, code):
-        found = cls._cache.get(code)
-        if found is None:
-            found = instructions(code)
-            cls._cache[code] = found
-        return found
+        return cls._cache.setdefault(code, lambda: instructions(code))
 
 
 _LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
@@ -67,7 +64,7 @@ def instructions(code):
     return insts, index_of
 
 
-_EXCEPTION_TABLES = {}
+_EXCEPTION_TABLES = IdentityTable()  # code -> its parsed exception table
 
 
 class _Yielded:
@@ -187,10 +184,7 @@ class Frame:
         return False
 
     def _exception_table(self):
-        table = _EXCEPTION_TABLES.get(self.code)
-        if table is None:
-            table = _EXCEPTION_TABLES[self.code] = dis._parse_exception_table(self.code)
-        return table
+        return _EXCEPTION_TABLES.setdefault(self.code, lambda: dis._parse_exception_table(self.code))
 
     def PUSH_EXC_INFO(self, inst):
         exc = self.pop()
