@@ -59,7 +59,7 @@ def live_counts(compiler_name, refs):
     return {
         "rss_mb": round(rss_mb(), 1),
         "alive_user_objects": sum(r() is not None for r in refs),
-        "tensors": sum(1 for o in objs if isinstance(o, torch.Tensor)),
+        "tensors": sum(1 for o in objs if issubclass(type(o), torch.Tensor)),
         "compiler_objects": sum(1 for o in objs if _module_of(o).startswith(own)),
         "gc_objects": len(objs),
     }
