@@ -24,6 +24,7 @@ from kiln.capture import dynamic, fx_sources
 from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.identity_table import IdentityTable
+from kiln.capture.uninterrupted_imports import imports_not_interrupted
 from kiln.capture.sources import CodeContext
 from kiln.debug.logs import enabled, log
 
@@ -90,7 +91,7 @@ class CodeCache:
                 if self.dynamic is None and config_mod.config.automatic_dynamic_shapes:
                     self._note_changed_sizes(F, L)
             try:
-                with fx_sources.owned() as sources:
+                with imports_not_interrupted(), fx_sources.owned() as sources:
                     entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
                                           self._dims_for)
                     sources.tie_to(entry)
