@@ -12,6 +12,7 @@ flat after warm-up. Not part of the test suite (it runs for minutes); tests/capt
 test_cache_lifetime.py has the short version.
 """
 import argparse
+import collections
 import gc
 import linecache
 import random
@@ -19,6 +20,7 @@ import time
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln
 from bench.lifetime import rss_mb
@@ -54,7 +56,9 @@ def recompiles_on_purpose(x, k):
 
 
 def census(warned):
-    gc.collect()
+    for _ in range(10):  # freeing one cycle can free a cache the next pass collects
+        if gc.collect() == 0:
+            break
     objs = gc.get_objects()
     fx_loader = getattr(__import__("torch.fx.graph_module", fromlist=["_loader"]), "_loader", None)
     return {
@@ -64,6 +68,7 @@ def census(warned):
         "code_caches": len(runtime._CACHES),
         "linecache": len(linecache.cache),
         "fx_sources": len(getattr(fx_loader, "eval_cache", {})),
+        "fake_dispatch_cache": len(FakeTensorMode.cache),
         "gc_objects": len(objs),
         "limit_warnings": len(warned),
     }
@@ -87,6 +92,7 @@ def main():
     per_model = kiln.compile(run_model, backend=args.backend)
     on_purpose = kiln.compile(recompiles_on_purpose, backend=args.backend)
     warned = []
+    other_warnings = collections.Counter()
     start = time.time()
     rows = []
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
@@ -105,15 +111,16 @@ def main():
                 del model
             if i <= 100:
                 on_purpose(x, i)
-            warned = [w for w in caught if "cache_size_limit" in str(w.message)]
+            others = [w for w in caught if "cache_size_limit" not in str(w.message)]
+            caught[:] = warned = [w for w in caught if "cache_size_limit" in str(w.message)]
+            other_warnings.update(f"{w.category.__name__}: {str(w.message)[:120]}" for w in others)
             if i % args.every == 0 or i == 1:
                 row = census(warned)
                 row.update(items=i, seconds=round(time.time() - start))
                 rows.append(row)
                 print(row, flush=True)
-                caught[:] = [w for w in caught if "cache_size_limit" in str(w.message)]
     names = sorted({str(w.message).split(" (")[0] for w in warned})
-    print(f"cache-limit warnings: {len(warned)} ({names})")
+    print(f"cache-limit warnings: {len(warned)} ({names}); other warnings: {dict(other_warnings)}")
     base, last = rows[min(2, len(rows) - 1)], rows[-1]
     print(f"from item {base['items']} to {last['items']} ({last['seconds'] - base['seconds']} s): RSS "
           f"{base['rss_mb']} -> {last['rss_mb']} MB, kiln objects {base['kiln_objects']} -> {last['kiln_objects']}, "

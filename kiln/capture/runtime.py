@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from kiln import config as config_mod
-from kiln.capture import dynamic, fx_sources
+from kiln.capture import dynamic, fx_sources, torch_caches
 from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.identity_table import IdentityTable
@@ -92,8 +92,11 @@ class CodeCache:
                     self._note_changed_sizes(F, L)
             try:
                 with imports_not_interrupted(), fx_sources.owned() as sources:
-                    entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
-                                          self._dims_for)
+                    try:
+                        entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
+                                              self._dims_for)
+                    finally:
+                        torch_caches.release_finished_compiles()
                     sources.tie_to(entry)
             except EagerCall as e:
                 self.eager_calls += 1

@@ -38,6 +38,7 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
 
 def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
     """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple."""
+    from kiln.compiler import ir
     from kiln.compiler.build import CompileError
 
     options = options if options is not None else compiler_options()
@@ -47,7 +48,8 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         log("dynamic", "graph runs through aten: %s", unsupported)
         return _run_through_aten(aten_gm)
     try:
-        return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
+        with ir.indirect_scope():
+            return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
     except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
         if options.get("debug"):
             raise
