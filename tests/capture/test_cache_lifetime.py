@@ -12,6 +12,7 @@ import weakref
 
 import pytest
 import torch
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import kiln
 from kiln.capture import runtime
@@ -40,18 +41,18 @@ def _collected(refs):
     return [r for r in refs if r() is not None]
 
 
-def _compile_call_drop(make, n, backend="eager"):
+def _compile_call_drop(make, n, backend="eager", rows=(4, 4)):
     """Make, compile, call (eager result compared) and drop `n` targets; weak references to what each
-    make() said to watch."""
+    make() said to watch. Rows that change between calls make the second compile dynamic."""
     refs = []
-    x = torch.randn(4, 8)
     for i in range(n):
         target, watched = make(i)
         refs += [weakref.ref(o) for o in watched]
         compiled = kiln.compile(target, backend=backend)
         with torch.no_grad():
-            torch.testing.assert_close(compiled(x), target(x))
-            torch.testing.assert_close(compiled(x), target(x))
+            for r in rows:
+                x = torch.randn(r, 8)
+                torch.testing.assert_close(compiled(x), target(x))
         del target, watched, compiled
     return refs
 
@@ -120,15 +121,18 @@ def test_compiling_and_dropping_does_not_grow_kiln_state():
     def census():
         _full_collect()
         objs = gc.get_objects()
-        return (sum(1 for o in objs if _module_of(o).startswith("kiln")),
-                sum(1 for o in objs if issubclass(type(o), torch.Tensor)),
-                len(runtime._CACHES))
+        return {"kiln objects": sum(1 for o in objs if _module_of(o).startswith("kiln")),
+                "tensors": sum(1 for o in objs if issubclass(type(o), torch.Tensor)),
+                "shape envs": sum(1 for o in objs if type(o) is ShapeEnv),
+                "code caches": len(runtime._CACHES)}
 
-    for make in (_plain, _module):
-        _compile_call_drop(make, 5)
+    def round_(n):
+        for make in (_plain, _module, _graph_break):
+            _compile_call_drop(make, n)
+            _compile_call_drop(make, n, rows=(4, 6, 7))  # static, then dynamic compiles
+    round_(3)
     before = census()
-    for make in (_plain, _module, _graph_break):
-        _compile_call_drop(make, 40)
+    round_(12)
     assert census() == before
 
 
