@@ -19,14 +19,12 @@ import kiln
 from kiln.compiler import build, graph_cache
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    path = tmp_path / "cache"
-    monkeypatch.setenv("KILN_CACHE_DIR", str(path))
-    monkeypatch.setattr(build, "stats", build.CacheStats())
-    monkeypatch.setattr(build, "_loaded", {})
+from tests.compiler.test_build import cache  # noqa: F401,E402  the fixture: a fresh cache directory and counters
+
+
+@pytest.fixture(autouse=True)
+def fresh_graph_cache_counters(monkeypatch):
     monkeypatch.setattr(graph_cache, "stats", graph_cache.GraphCacheStats())
-    return path
 
 
 def _source(tag, value=1):
