@@ -81,6 +81,14 @@ def _graph_break(i):
     return ns["f"], [ns["f"], ns["g"], ns["f"].__code__, ns["g"].__code__]
 
 
+def _eager_frame(i):
+    # a break inside a loop: the frame runs eagerly as rewritten code, and g still compiles
+    ns = _exec("def g(x):\n    return x.cos()\n"
+               "def f(x):\n    for _ in range(2):\n        print(end='')\n        x = g(x) + 1\n    return x\n",
+               f"eager frame {i}")
+    return ns["f"], [ns["f"], ns["g"], ns["f"].__code__, ns["g"].__code__]
+
+
 def _module(i):
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
     return m, [m, m[0], m[0].weight]
@@ -102,8 +110,8 @@ def _bound_method(i):
     return obj.run, [obj, ns["Scale"]]
 
 
-@pytest.mark.parametrize("make", [_plain, _closure, _global_tensor, _graph_break, _module, _module_with_break,
-                                  _bound_method], ids=lambda m: m.__name__.strip("_"))
+@pytest.mark.parametrize("make", [_plain, _closure, _global_tensor, _graph_break, _eager_frame, _module,
+                                  _module_with_break, _bound_method], ids=lambda m: m.__name__.strip("_"))
 def test_compiled_and_dropped_targets_are_freed(make):
     refs = _compile_call_drop(make, 8)
     assert _collected(refs) == []
@@ -127,7 +135,7 @@ def test_compiling_and_dropping_does_not_grow_kiln_state():
                 "code caches": len(runtime._CACHES)}
 
     def round_(n):
-        for make in (_plain, _module, _graph_break):
+        for make in (_plain, _module, _graph_break, _eager_frame):
             _compile_call_drop(make, n)
             _compile_call_drop(make, n, rows=(4, 6, 7))  # static, then dynamic compiles
     round_(3)
