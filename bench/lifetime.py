@@ -3,10 +3,11 @@
     python -m bench.lifetime [--n 1000] [--backend eager] [--compilers kiln,torch]
 
 Each (compiler, kind) runs in a fresh process: it compiles, calls and drops `--n` functions (each
-its own code object, from its own `exec`) or `--n` modules (a Linear+ReLU each), then collects
-garbage and reports the resident set size and what is still alive: the user's functions, code
-objects and modules (weak references to each), tensors, and the compiler's own gc-tracked objects
-(types from the compiler's package). A compiler that frees what it compiled keeps these flat.
+its own code object, from its own `exec`) or `--n` modules (a Linear+ReLU each), collects garbage
+and reports, after a warm-up, half-way and at the end, the resident set size and what is still
+alive: the user's functions, code objects and modules (weak references to each), tensors, and the
+compiler's own gc-tracked objects (types from the compiler's package). A compiler that frees what it
+compiled keeps these flat.
 """
 import argparse
 import gc
@@ -53,7 +54,9 @@ def _module_of(obj):
 
 def live_counts(compiler_name, refs):
     import torch
-    gc.collect()
+    for _ in range(10):  # freeing one cycle can free more that the next pass collects
+        if gc.collect() == 0:
+            break
     objs = gc.get_objects()
     own = _OWN_PACKAGES[compiler_name]
     return {
@@ -86,10 +89,13 @@ def child(compiler_name, kind, n, backend, warmup):
     for i in range(warmup):
         one(i)
     before = live_counts(compiler_name, refs)
-    for i in range(warmup, warmup + n):
+    for i in range(warmup, warmup + n // 2):
+        one(i)
+    middle = live_counts(compiler_name, refs)
+    for i in range(warmup + n // 2, warmup + n):
         one(i)
     after = live_counts(compiler_name, refs)
-    print(_MARK + json.dumps({"before": before, "after": after}), flush=True)
+    print(_MARK + json.dumps({"before": before, "middle": middle, "after": after}), flush=True)
 
 
 def run(compiler_name, kind, n, backend, warmup):
@@ -121,12 +127,12 @@ def main():
             if "error" in result:
                 print(f"{kind:9} {compiler_name:5}: failed: {result['error']}")
                 continue
-            b, a = result["before"], result["after"]
-            print(f"{kind:9} {compiler_name:5}: RSS {b['rss_mb']:.1f} -> {a['rss_mb']:.1f} MB "
-                  f"(+{(a['rss_mb'] - b['rss_mb']) * 1024 / args.n:.1f} KB each); alive of the user's "
-                  f"objects {b['alive_user_objects']} -> {a['alive_user_objects']}; tensors {b['tensors']} -> "
-                  f"{a['tensors']}; compiler objects {b['compiler_objects']} -> {a['compiler_objects']}; "
-                  f"gc objects {b['gc_objects']} -> {a['gc_objects']}")
+            b, m, a = result["before"], result["middle"], result["after"]
+            print(f"{kind:9} {compiler_name:5}: RSS {b['rss_mb']:.1f} -> {m['rss_mb']:.1f} -> {a['rss_mb']:.1f} MB "
+                  f"(second half +{(a['rss_mb'] - m['rss_mb']) * 1024 / (args.n - args.n // 2):.1f} KB each); "
+                  + "; ".join(f"{name} {b[key]} -> {m[key]} -> {a[key]}" for name, key in (
+                      ("alive of the user's objects", "alive_user_objects"), ("tensors", "tensors"),
+                      ("compiler objects", "compiler_objects"), ("gc objects", "gc_objects"))))
 
 
 if __name__ == "__main__":
