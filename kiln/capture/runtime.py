@@ -209,6 +209,16 @@ def reset():
         _CACHES.clear()
 
 
+def forget_backend(backend):
+    """Drop the caches compiled for one backend (kiln.explain's private one): they would otherwise
+    live as long as the code objects they were compiled for."""
+    key = _backend_key(backend)
+    with _LOCK:
+        for caches in _CACHES.values():
+            for k in [k for k in caches if k[0] == key]:
+                del caches[k]
+
+
 # ---- argument binding -----------------------------------------------------------------------------
 def make_binder(fn):
     """A function with fn's signature returning its parameters in co_varnames order (C-speed binding).

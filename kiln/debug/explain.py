@@ -1,7 +1,6 @@
 """`kiln.explain(fn)(*args)`: compile `fn` once on those arguments and report what capture did.
 
-Uses a private backend, so its cache entries never mix with the user's (they die with the private
-compiled function once the report is made).
+Uses a private backend, so its cache entries never mix with the user's (they are dropped after).
 """
 from kiln.backends.registry import BoundBackend
 
@@ -77,6 +76,7 @@ def explain(fn, *args, **kwargs):
     finally:
         runtime.observers.remove(on_entry)
         runtime.eager_observers.remove(on_eager)
+        runtime.forget_backend(backend)
     # a break inside an inlined call also breaks each enclosing frame at its call site; it is one
     # construct in the user's code, so it is reported once
     seen, reasons = set(), []

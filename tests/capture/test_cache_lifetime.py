@@ -224,3 +224,14 @@ def test_a_replaced_global_function_is_not_matched_by_identity():
     _full_collect()
     torch.testing.assert_close(compiled(x), f(x))
     torch.testing.assert_close(compiled(x), x)
+
+
+def test_explain_leaves_no_cache_behind():
+    """kiln.explain compiles with a private backend: its caches go once the report is made, though
+    the explained function lives on."""
+    def f(x):
+        return x.sin() + 1
+    for _ in range(3):
+        kiln.explain(f)(torch.randn(3))
+    _full_collect()
+    assert not runtime._CACHES.get(f.__code__)
