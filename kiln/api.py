@@ -96,7 +96,7 @@ class OptimizedModule(torch.nn.Module):
 def _unsupported_python(model):
     global _warned_python
     import sys
-    msg = (f"kiln captures CPython {'.'.join(map(str, config_mod.SUPPORTED_PYTHON))} bytecode; "
+    msg = (f"kiln captures CPython {config_mod.supported_pythons_text()} bytecode; "
            f"this is Python {sys.version.split()[0]}, so compiled code runs eagerly")
     if config_mod.config.error_on_unsupported_python:
         raise RuntimeError(msg)

@@ -14,6 +14,7 @@ import types
 
 import torch
 import torch.fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                            FakeTensorMode)
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
@@ -28,6 +29,7 @@ from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable
                                     SliceVariable, SymNodeVariable, TensorVariable, TupleVariable, is_constant)
 import torch._guards
 from kiln.exc import Unsupported
+from kiln.torch_compat import UnmanagedAutocast
 
 # What the fake mode raises for a data-dependent op when it has no ShapeEnv
 _NEEDS_SHAPE_ENV = (DataDependentOutputException, DynamicOutputShapeException)
@@ -274,7 +276,9 @@ class OutputGraph:
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         for attempt in range(2):
             try:
-                with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                # the Python dispatcher runs ops' SymInt-aware Python decompositions (C++ composites
+                # such as torch 2.11's matmul call numel() on symbolic sizes and fail), as torch does
+                with self.fake_mode, enable_python_dispatcher(), torch.set_grad_enabled(self.grad_enabled):
                     if kind == "call_method":
                         return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                     return target(*fake_args, **fake_kwargs)
@@ -333,7 +337,7 @@ class OutputGraph:
         returns the exit action. `leave_contexts` undoes whatever a failed capture left entered."""
         node = self.graph.create_node("call_function", torch.amp.autocast_mode._enter_autocast, tuple(mode_args), {},
                                       name=self._unique("enter_autocast"))
-        mode = torch.amp.autocast_mode._UnmanagedAutocast(*mode_args)
+        mode = UnmanagedAutocast(*mode_args)
         mode.__enter__()
         self.entered.append(mode)
 

@@ -46,7 +46,8 @@ class Variable:
 
 
 class NullVariable(Variable):
-    """The NULL that 3.11 pushes before a callable (PUSH_NULL, LOAD_GLOBAL with the low bit)."""
+    """The NULL slot of a call with no bound self (PUSH_NULL, LOAD_GLOBAL / LOAD_ATTR with the low bit);
+    below the callable on 3.11/3.12, above it on 3.13 (bytecode_facts.NULL_AFTER_CALLABLE)."""
 
     def python_type(self):
         return type(None)
