@@ -50,12 +50,14 @@ class EagerCall(EagerFrame):
 
 class CacheEntry:
     __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
-                 "input_shapes")
+                 "input_shapes", "liveness", "__weakref__")
 
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_shapes):
+    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_shapes,
+                 liveness):
         self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
         self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
         self.input_shapes = input_shapes  # (Source, size) of each tensor input, for automatic dynamic
+        self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
 
 
 class _Break:
@@ -99,7 +101,7 @@ class Capture:
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
                 if why_not:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
-                self.break_at, self.break_reason = inst.offset, e
+                self.break_at, self.break_reason = inst.offset, _detached(e)
             finally:
                 self.og.leave_contexts()
         raise EagerFrame("capture did not settle")
@@ -116,6 +118,15 @@ class Capture:
 
     def graph_break(self, frame, inst):
         return _Break(frame, inst, self.break_reason)
+
+
+def _detached(error):
+    """`error` without its traceback and chained exceptions: a cache entry keeps it (to say why the
+    graph broke), and a traceback would keep capture's frames alive, and the user's function with them."""
+    error.__traceback__ = error.__cause__ = error.__context__ = None
+    if error.python_exception is not None:
+        error.python_exception.__traceback__ = None
+    return error
 
 
 def _why_not_breakable(code, inst, open_exits=()):
@@ -220,7 +231,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src,
-                       [(s, tuple(t.shape)) for s, t, _ in og.inputs])
+                       [(s, tuple(t.shape)) for s, t, _ in og.inputs], og.guards.liveness)
     _log_entry(code, entry, og)
     return entry
 

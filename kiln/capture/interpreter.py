@@ -12,6 +12,7 @@ import sysconfig
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
+from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
 from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
@@ -50,16 +51,12 @@ MAX_STEPS = 2_000_000
 
 
 class _Instructions:
-    """A code object's instructions, with offset -> index; cached per code object."""
-    _cache = {}
+    """A code object's instructions, with offset -> index; cached per code object, while it lives."""
+    _cache = IdentityTable()
 
     @classmethod
     def of(cls, code):
-        found = cls._cache.get(code)
-        if found is None:
-            found = instructions(code)
-            cls._cache[code] = found
-        return found
+        return cls._cache.setdefault(code, lambda: instructions(code))
 
 
 _LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
@@ -85,7 +82,7 @@ def instructions(code):
     return insts, index_of
 
 
-_EXCEPTION_TABLES = {}
+_EXCEPTION_TABLES = IdentityTable()  # code -> its parsed exception table
 
 
 class _Yielded:
@@ -206,10 +203,7 @@ class Frame:
         return False
 
     def _exception_table(self):
-        table = _EXCEPTION_TABLES.get(self.code)
-        if table is None:
-            table = _EXCEPTION_TABLES[self.code] = facts.exception_table(self.code)
-        return table
+        return _EXCEPTION_TABLES.setdefault(self.code, lambda: facts.exception_table(self.code))
 
     def PUSH_EXC_INFO(self, inst):
         exc = self.pop()

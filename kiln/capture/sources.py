@@ -9,6 +9,7 @@ Expressions are written against three names bound by the generated code:
   L  the tuple of the frame's bound arguments (or resume-function arguments),
   and constants (dicts, cells) that the CodeContext interns under names like C3.
 """
+import weakref
 
 
 class CodeContext:
@@ -71,7 +72,9 @@ class GlobalSource(Source):
     with other globals stay right); an inlined callee's globals dict is fixed and interned."""
 
     def __init__(self, gdict, name, root):
-        self.gdict, self.name, self.root = gdict, name, root
+        # root globals are read through F; not holding their dict keeps an entry from keeping alive
+        # the namespace of the function it compiled (and whatever that namespace holds)
+        self.gdict, self.name, self.root = (None if root else gdict), name, root
 
     def expr(self, ctx):
         base = "G" if self.root else ctx.const(self.gdict, "GD")
@@ -134,10 +137,18 @@ class ItemSource(Source):
 
 
 class ConstSource(Source):
-    """A fixed object (a module's globals, a class): reloaded by identity, never guarded."""
+    """A fixed object (a module's globals, a class): reloaded by identity, never guarded. Held weakly
+    where it can be: a cache entry keeps its guards' sources, and must not keep what they read alive."""
 
     def __init__(self, obj):
-        self.obj = obj
+        try:
+            self._ref = weakref.ref(obj)
+        except TypeError:
+            self._ref = lambda: obj
+
+    @property
+    def obj(self):
+        return self._ref()
 
     def expr(self, ctx):
         return ctx.const(self.obj)

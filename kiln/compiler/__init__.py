@@ -59,6 +59,7 @@ def _eager_when_mutated_inputs_alias(runner, gm):
 
 def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
     """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple."""
+    from kiln.compiler import ir
     from kiln.compiler.build import CompileError
 
     options = options if options is not None else compiler_options()
@@ -68,7 +69,8 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         log("dynamic", "graph runs through aten: %s", unsupported)
         return _run_through_aten(aten_gm)
     try:
-        return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
+        with ir.indirect_scope():
+            return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
     except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
         if options.get("debug"):
             raise
