@@ -420,7 +420,7 @@ class Frame:
         """3.12+ `super().name` / `super(C, self).name`: the stack holds super, the class and self."""
         global_super, cls, obj = self.popn(3)
         value = objects.getattr_var(self, objects.call(self, global_super, [cls, obj], {}), inst.argval)
-        self.stack.extend(facts.with_null(value, NULL) if inst.arg & 1 else [value])
+        self.stack.extend(facts.with_null(value, NULL) if facts.loads_method(inst) else [value])
 
     def STORE_ATTR(self, inst):
         obj, value = self.pop(), self.pop()
