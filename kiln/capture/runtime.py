@@ -17,6 +17,7 @@ from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.sources import CodeContext
 from kiln.debug.logs import enabled, log
+from kiln.exc import FailOnRecompileLimitHit
 
 _LOCK = threading.RLock()
 _MAX_EAGER_CALLS = 16  # capture is retried this often for calls that raise before a frame runs eagerly
@@ -62,6 +63,11 @@ class CodeCache:
             if self.eager_reason is not None:
                 return None
             if len(self.entries) >= config_mod.config.cache_size_limit:
+                if self.fullgraph:  # fullgraph promises compiled code: no silent eager run
+                    raise FailOnRecompileLimitHit(
+                        f"{self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}) hit "
+                        f"cache_size_limit={config_mod.config.cache_size_limit} under fullgraph=True. "
+                        f"Last guard failure: {self._failure_text(F, L)}")
                 if not self.warned_limit:
                     self.warned_limit = True
                     log("perf_hints", "%s recompiled %d times; raise kiln.config.cache_size_limit or make the "
