@@ -6,6 +6,7 @@ tensors (FakeTensorMode) to learn the result's metadata and records an fx node.
 """
 import builtins
 import collections
+import contextlib
 import enum
 import operator
 import re
@@ -14,6 +15,7 @@ import types
 
 import torch
 import torch.fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                            FakeTensorMode)
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
@@ -75,7 +77,7 @@ class ShapeSource(torch._guards.Source):
 class OutputGraph:
     def __init__(self, code_name, dynamic_dims=None):
         """`dynamic_dims(source, tensor) -> {dim: reason}` says which sizes of an input are symbolic."""
-        self.graph = torch.fx.Graph()
+        self.graph = self.root_graph = torch.fx.Graph()  # `graph` is where ops go; see `subgraph`
         # The ShapeEnv comes into being only when a size turns symbolic (see `shape_env`): creating
         # one imports torch's validator and, through it, most of torch._dynamo (~0.75 s in a fresh
         # process), which a graph with static sizes never needs. static_shapes=False is what the
@@ -221,16 +223,35 @@ class OutputGraph:
         return TensorVariable(node, fake, source, type(value))
 
     def _placeholder(self, name):
-        # placeholders must precede every other node
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        # inputs always enter the root graph (a subgraph lifts what it reads from it); placeholders
+        # must precede every other node
+        graph = self.root_graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         if placeholders:
-            with self.graph.inserting_after(placeholders[-1]):
-                return self.graph.placeholder(name)
-        first = next(iter(self.graph.nodes), None)
+            with graph.inserting_after(placeholders[-1]):
+                return graph.placeholder(name)
+        first = next(iter(graph.nodes), None)
         if first is None:
-            return self.graph.placeholder(name)
-        with self.graph.inserting_before(first):
-            return self.graph.placeholder(name)
+            return graph.placeholder(name)
+        with graph.inserting_before(first):
+            return graph.placeholder(name)
+
+    @contextlib.contextmanager
+    def subgraph(self, grad_enabled):
+        """Record ops into a fresh fx.Graph (an autograd.Function's forward or backward) run in grad
+        mode `grad_enabled`; it may read nodes of the graphs around it (see subgraphs.close)."""
+        saved = self.graph, self.grad_enabled
+        self.graph, self.grad_enabled = torch.fx.Graph(), grad_enabled
+        try:
+            yield self.graph
+        finally:
+            self.graph, self.grad_enabled = saved
+
+    def subgraph_input(self, name, example):
+        """A placeholder of the current subgraph standing for `example` (a fake tensor)."""
+        node = self.graph.placeholder(self._unique(name))
+        node.meta["example_value"] = example
+        return node
 
     def _unique(self, base):
         name, i = base, 1
@@ -274,7 +295,7 @@ class OutputGraph:
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         for attempt in range(2):
             try:
-                with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), self._dispatcher():
                     if kind == "call_method":
                         return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                     return target(*fake_args, **fake_kwargs)
@@ -285,6 +306,12 @@ class OutputGraph:
                 if attempt or self._shape_env is not None:
                     raise
                 self.ensure_shape_env()
+
+    def _dispatcher(self):
+        """With symbolic sizes, ops run through the Python dispatcher, as under torch.compile: it picks the
+        Python decompositions of composite ops (F.pad, baddbmm's meta), which keep sizes symbolic where
+        the C++ kernels would pin them to their current values (MobileBERT recompiled for every length)."""
+        return enable_python_dispatcher() if self._shape_env is not None else contextlib.nullcontext()
 
     def _result_variable(self, node, result, tensors_in):
         if isinstance(result, torch.Tensor):
