@@ -18,6 +18,7 @@ from kiln.capture.graph_builder import is_library_module
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
                                     DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
+                                    HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable, const, is_constant)
@@ -534,6 +535,8 @@ _TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 
 def getattr_var(frame, obj, name):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.var_getattr(frame, name)
     if isinstance(obj, TensorVariable):
         return _tensor_attr(og, obj, name)
     if isinstance(obj, ConstantVariable):
@@ -724,6 +727,8 @@ def _super_attr(frame, sup, name):
 
 def setattr_var(frame, obj, name, value):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.var_setattr(frame, name, value)
     if isinstance(obj, FreshObjectVariable):
         if _python_dunder(obj.cls, "__setattr__"):
             raise Unsupported("a class with its own __setattr__")
@@ -822,6 +827,9 @@ def call_python_function(frame, fn, args, kwargs):
     """Inline a plain Python function (existing object)."""
     if is_disabled_function(fn):
         raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}")
+    handler = BUILTIN_HANDLERS.get(fn)  # a Python function capture models instead of inlining
+    if handler is not None:
+        return handler(frame, args, kwargs)
     mod = getattr(fn, "__module__", None) or ""
     if mod.split(".")[0] in ("logging", "warnings"):
         raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)")

@@ -13,7 +13,7 @@ from kiln.capture.objects import (apply_operator, call, const_value, describe, d
                                   get_iter, getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
-                                    GeneratorVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
+                                    GeneratorVariable, HandlerVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
                                     SetVariable,
                                     SuperVariable, TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
@@ -22,6 +22,8 @@ from kiln.exc import Unsupported
 # ---- methods of Python containers and constants -------------------------------------------------
 def call_method(frame, obj, name, args, kwargs):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.call_method(frame, name, args, kwargs)
     if isinstance(obj, ListVariable):
         return _list_method(frame, obj, name, args, kwargs)
     if isinstance(obj, DictVariable):

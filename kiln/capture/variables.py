@@ -45,6 +45,20 @@ class Variable:
         return f"{type(self).__name__}({self.source!r})" if self.source else type(self).__name__
 
 
+class HandlerVariable(Variable):
+    """A value that answers its own attribute reads, writes and method calls (an autograd.Function's
+    ctx): objects.getattr_var, setattr_var and call_method hand those to it."""
+
+    def var_getattr(self, frame, name):
+        raise Unsupported(f"attribute {name!r} of {type(self).__name__}")
+
+    def var_setattr(self, frame, name, value):
+        raise Unsupported(f"setting attribute {name!r} of {type(self).__name__}")
+
+    def call_method(self, frame, name, args, kwargs):
+        raise Unsupported(f"method {name} of {type(self).__name__}")
+
+
 class NullVariable(Variable):
     """The NULL that 3.11 pushes before a callable (PUSH_NULL, LOAD_GLOBAL with the low bit)."""
 
