@@ -18,9 +18,9 @@ class _Config:
         "suppress_errors": False,
         # inline calls to user functions into the caller's graph
         "inline_inbuilt_nn_modules": True,
-        # capture .item() into the graph instead of breaking (not yet supported: breaks)
+        # capture .item() into the graph (a number only the graph knows) instead of breaking there
         "capture_scalar_outputs": False,
-        # dynamic=None: after a size changes, recompile with that dim symbolic
+        # dynamic=None: after a size (or an int/float argument) changes, recompile with it symbolic
         "automatic_dynamic_shapes": True,
         # raise instead of running eagerly when the Python version is not supported
         "error_on_unsupported_python": False,

@@ -92,7 +92,9 @@ def use_torch_peer():
         return
 
     class PeerConfig:
-        _names = {"cache_size_limit": "recompile_limit", "suppress_errors": "suppress_errors"}
+        _names = {"cache_size_limit": "recompile_limit", "suppress_errors": "suppress_errors",
+                  "capture_scalar_outputs": "capture_scalar_outputs",
+                  "automatic_dynamic_shapes": "automatic_dynamic_shapes"}
 
         def patch(self, **changes):
             return torch._dynamo.config.patch(**{self._names[k]: v for k, v in changes.items()})

@@ -5,6 +5,8 @@ source expression into a local once, so `L[0]._modules['fc']._parameters['weight
 per call, and emits a flat chain of `if not (...): return False` — identity and type checks first,
 because they are created first.
 """
+import math
+
 import torch
 
 from kiln.capture.sources import CodeContext
@@ -127,7 +129,7 @@ class GuardSet:
         prologue = ["G = F.__globals__"] if any("G[" in line for line in body) else []
         src = _fn("__kiln_guard", prologue + body + ["return True"], "False")
         fail_src = _fn("__kiln_guard_failure", prologue + fail_body + ["return None"], "-1")
-        ns = dict(self.ctx.consts)
+        ns = {"math": math, **self.ctx.consts}  # the ShapeEnv's guards on float inputs call math.isnan
         exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
         failure, guards = ns["__kiln_guard_failure"], self.guards
 

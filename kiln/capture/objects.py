@@ -11,11 +11,13 @@ import operator
 import types
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from kiln.capture import interpreter as interp
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import is_library_module
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
+from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
                                     DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     HandlerVariable,
@@ -74,6 +76,8 @@ def const_value(v, why="a non-constant value"):
 
 def specialize(v):
     """The concrete value of a symbolic size; the shape guards then pin it."""
+    if free_unbacked_symbols(v.value):
+        raise Unsupported("a value computed from tensor data (item()) is needed in Python")
     return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v.value)](v.value)
 
 
@@ -170,6 +174,8 @@ def truth(frame, v):
     if isinstance(v, ConstantVariable):
         return bool(v.value)
     if isinstance(v, SymNodeVariable):
+        if free_unbacked_symbols(v.value):
+            raise Unsupported("branching on a value computed from tensor data (item())")
         return bool(v.value)
     if isinstance(v, TensorVariable):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)")
@@ -815,6 +821,10 @@ def _readonly_dict_view(frame, obj, fn):
 
 
 def _tensor_method(frame, t, name, args, kwargs):
+    if name == "item" and config.capture_scalar_outputs and not args and not kwargs:
+        # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
+        # at capture time, so a Python branch on it still breaks)
+        return frame.og.call_op("call_method", "item", [t], {})
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":

@@ -12,7 +12,7 @@ import warnings
 import torch
 
 from kiln import config as config_mod
-from kiln.capture import dynamic
+from kiln.capture import dynamic as dynamic_mod
 from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.sources import CodeContext
@@ -36,7 +36,7 @@ class CodeCache:
 
     def __init__(self, code, backend, fullgraph, dynamic):
         self.code, self.backend, self.fullgraph, self.dynamic = code, backend, fullgraph, dynamic
-        self.dynamic_dims = {}  # Source -> dims whose size changed between calls (dynamic=None)
+        self.dynamism = dynamic_mod.InputDynamism(dynamic, code.co_qualname)
         self.entries = []
         self.eager_reason = None
         self.warned_limit = False
@@ -78,11 +78,10 @@ class CodeCache:
                 return None
             if self.entries:
                 self._log_recompile(F, L)
-                if self.dynamic is None and config_mod.config.automatic_dynamic_shapes:
-                    self._note_changed_sizes(F, L)
+                self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
             try:
                 entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
-                                      self._dims_for)
+                                      self.dynamism)
             except EagerCall as e:
                 self.eager_calls += 1
                 log("graph_breaks", "%s", e)
@@ -102,26 +101,6 @@ class CodeCache:
             for obs in observers:
                 obs(self.code, entry)
             return entry
-
-    def _dims_for(self, source, tensor):
-        return dynamic.dims_for(self.dynamic, self.dynamic_dims.get(source, ()), tensor, source,
-                                self.code.co_qualname)
-
-    def _note_changed_sizes(self, F, L):
-        """Automatic dynamic shapes: a size that differs from a previous entry's becomes symbolic."""
-        for entry in self.entries:
-            for source, shape in entry.input_shapes:
-                try:
-                    value = _evaluate(source, F, L)
-                except Exception:
-                    continue
-                if isinstance(value, torch.Tensor) and value.dim() == len(shape):
-                    changed = {d for d, (a, b) in enumerate(zip(value.shape, shape)) if a != b}
-                    dims = self.dynamic_dims.setdefault(source, set())
-                    if not changed <= dims:
-                        dims |= changed
-                        log("dynamic", "%s: %r size changed %s -> %s: dims %s become dynamic at the recompile",
-                            self.code.co_qualname, source, list(shape), list(value.shape), sorted(dims))
 
     def _failure_text(self, F, L):
         if not self.entries:

@@ -115,13 +115,14 @@ class TensorVariable(Variable):
 
 
 class SymNodeVariable(Variable):
-    """A symbolic size (SymInt) computed in the graph from a dynamic dimension."""
+    """A symbolic number (SymInt, SymFloat or SymBool) in the graph: a dynamic size, a number input
+    made symbolic, an item() under capture_scalar_outputs, or arithmetic on those."""
 
     def __init__(self, node, value):
         self.node, self.value = node, value
 
     def python_type(self):
-        return int if isinstance(self.value, torch.SymInt) else float
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(self.value)]
 
     def __repr__(self):
         return f"Sym({self.value})"
