@@ -545,6 +545,8 @@ def getattr_var(frame, obj, name):
         return obj.var_getattr(frame, name)
     if isinstance(obj, TensorVariable):
         return _tensor_attr(og, obj, name)
+    if isinstance(obj, SymNodeVariable):  # a number's own methods (is_integer, bit_length) see its value,
+        obj = const(specialize(obj))        # which the shape guards then pin
     if isinstance(obj, ConstantVariable):
         try:
             return result_var(og, getattr(obj.value, name))
