@@ -249,4 +249,4 @@ def test_methods_of_a_symbolic_number():
     """int and float methods on a number that became symbolic see its value (and pin it)."""
     def fn(x, n, a):
         return x * n.bit_length() + a.is_integer(), a.as_integer_ratio(), n.conjugate()
-    check_calls(fn, [(t(3), 5, 0.5), (t(3), 6, 2.0), (t(3), 9, 0.25)], dynamic=True)
+    check_calls(fn, [(t(3), 5, 0.5), (t(3), 6, 2.0), (t(3), 9, 0.25)], dynamic=True, fullgraph=True)
