@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import kiln
-from tests.utils import CompileCounter
+from tests.utils import CompileCounter, counting_backend
 
 PEER = os.environ.get("KILN_TEST_PEER") == "torch"
 BACKENDS = ["eager", "aot_eager", "inductor"]
@@ -30,22 +30,6 @@ class ScaledTanh(torch.autograd.Function):
         return grad * ctx.scale * 3.0 * (1 - torch.tanh(x) ** 2), None
 
 
-def counting(backend):
-    if backend == "eager":
-        return CompileCounter()
-    if PEER:
-        from torch._dynamo.testing import CompileCounterWithBackend
-        return CompileCounterWithBackend(backend)
-    from kiln.backends.registry import lookup_backend
-    inner = lookup_backend(backend)
-
-    class Counting(CompileCounter):
-        def __call__(self, gm, example_inputs):
-            super().__call__(gm, example_inputs)
-            return inner(gm, example_inputs)
-    return Counting()
-
-
 def leaves(*tensors, requires_grad=True):
     """Two independent copies of each tensor, as leaves (eager's and the compiled run's)."""
     first = [t.detach().clone().requires_grad_(requires_grad and t.is_floating_point()) for t in tensors]
@@ -56,7 +40,7 @@ def leaves(*tensors, requires_grad=True):
 def check_training(fn, *tensors, backend="eager", graphs=1, fullgraph=True, loss=lambda out: out.sum(),
                    requires_grad=None, **compile_kwargs):
     """fn eagerly and compiled: results and the gradients of every input equal; returns the counter."""
-    counter = counting(backend)
+    counter = counting_backend(backend)
     compiled = kiln.compile(fn, backend=counter, fullgraph=fullgraph, **compile_kwargs)
     eager_in, compiled_in = leaves(*tensors)
     if requires_grad is not None:
@@ -95,7 +79,7 @@ def test_default_argument_and_ctx_attribute(backend):
 def test_without_grad_the_forward_is_inlined(backend):
     def fn(x):
         return ScaledTanh.apply(x * 2, 0.5)
-    counter = counting(backend)
+    counter = counting_backend(backend)
     compiled = kiln.compile(fn, backend=counter, fullgraph=True)
     x = torch.randn(5)
     with torch.no_grad():
@@ -193,7 +177,7 @@ def test_forward_reading_a_parameter_of_its_closure(backend):
     compiled_model.load_state_dict(eager_model.state_dict())
     x = torch.randn(3, 4)
     xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-    counter = counting(backend)
+    counter = counting_backend(backend)
     compiled = kiln.compile(compiled_model, backend=counter, fullgraph=True)
     eager_model(xe).square().sum().backward()
     compiled(xc).square().sum().backward()
@@ -270,7 +254,7 @@ def test_unused_output_gets_zero_gradient(backend):
 def test_dynamic_sizes_one_compile(backend):
     def fn(x):
         return TopValue.apply(x.tanh())[0]
-    counter = counting(backend)
+    counter = counting_backend(backend)
     compiled = kiln.compile(fn, backend=counter, dynamic=True, fullgraph=True)
     for rows, cols in ((3, 5), (4, 9), (6, 2)):
         x = torch.randn(rows, cols)

@@ -13,7 +13,7 @@ import torch
 
 import kiln
 from bench.zoo import ARCHS, BY_NAME, output_tensors
-from tests.utils import CompileCounter
+from tests.utils import counting_backend
 
 pytest.importorskip("transformers")
 
@@ -42,23 +42,6 @@ def param(name, blocked, default=True):
     return pytest.param(name, marks=marks, id=name)
 
 
-def counting(backend):
-    """A counting backend that compiles each graph with `backend` (None: capture only)."""
-    if backend is None:
-        return CompileCounter()
-    if PEER:
-        from torch._dynamo.testing import CompileCounterWithBackend
-        return CompileCounterWithBackend(backend)
-    from kiln.backends.registry import lookup_backend
-    inner = lookup_backend(backend)
-
-    class Counting(CompileCounter):
-        def __call__(self, gm, example_inputs):
-            super().__call__(gm, example_inputs)
-            return inner(gm, example_inputs)
-    return Counting()
-
-
 def assert_outputs_equal(actual, expected):
     expected_tensors, actual_tensors = output_tensors(expected), output_tensors(actual)
     assert len(actual_tensors) == len(expected_tensors) > 0
@@ -70,7 +53,7 @@ def run_lengths(name, backend, fullgraph):
     """Compile the architecture, run it at its three lengths, compare with eager; -> graphs compiled."""
     arch = BY_NAME[name]
     model = arch.build()
-    counter = counting(backend)
+    counter = counting_backend(backend)
     compiled = kiln.compile(model, backend=counter, fullgraph=fullgraph)
     with torch.no_grad():
         for i, length in enumerate(arch.lengths):
@@ -105,7 +88,7 @@ def test_training_step_gradients_equal_eager(name, backend):
     eager's (eval mode, so dropout is off and the step is deterministic)."""
     arch = BY_NAME[name]
     eager_model, model = arch.build(), arch.build()
-    counter = counting(backend)
+    counter = counting_backend(backend)
     compiled = kiln.compile(model, backend=counter)
     inputs = arch.inputs(arch.lengths[0])
     losses = []
