@@ -167,7 +167,7 @@ ARCHS = [
                                 decoder_ffn_dim=2 * h, max_position_embeddings=256)),
          extra_inputs=_decoder_inputs),
     Arch("xlnet", "encoder", "XLNetModel", "XLNetConfig",
-         _scaled(lambda h: dict(vocab_size=VOCAB, d_model=h, n_layer=2, n_head=4, d_inner=2 * h, mem_len=None))),
+         _scaled(lambda h: dict(vocab_size=VOCAB, d_model=h, n_layer=2, n_head=4, d_inner=2 * h, mem_len=32))),
     # ---- vision (length = image side)
     Arch("vit", "vision", "ViTModel", "ViTConfig",
          _scaled(lambda h: dict(hidden_size=h, num_hidden_layers=2, num_attention_heads=4, intermediate_size=2 * h,

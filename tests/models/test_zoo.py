@@ -26,8 +26,9 @@ _COPY = "copy.copy/deepcopy of the config (dict.get in copy.py)"
 _AUGASSIGN = "generated graph code with an augmented assignment to a literal (SyntaxError)"
 BLOCKED = {name: _OS_ENVIRON for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "mixtral", "phi3", "phi")}
 BLOCKED.update({"deberta_v2": _AUGASSIGN, "t5": _COPY + "; " + _AUGASSIGN, "bart": _COPY})
-# the symbolic slice start of XLNet's relative positions is not clamped by the C++ kernels yet
-INDUCTOR_BLOCKED = {"xlnet": "symbolic slice bounds are not clamped in generated kernels"}
+# XLNet's memory slice `out[-mem_len:]` on a shorter symbolic length: the C++ kernels do not clamp the
+# start yet and read out of bounds (the process crashes, so it is skipped, not xfailed)
+CRASHES_WITH_INDUCTOR = {"xlnet": "symbolic slice start not clamped in generated kernels (out-of-bounds read)"}
 
 # compiled with kiln's compiler in the default run; the rest with KILN_TEST_SLOW=1
 INDUCTOR_DEFAULT = {"gpt2", "bert", "bloom"}
@@ -35,8 +36,10 @@ TRAINING = ["gpt2", "bert", "bloom", "llama", "t5", "vit"]
 TRAINING_DEFAULT = {"bert", "bloom"}
 
 
-def param(name, blocked, default=True):
+def param(name, blocked, default=True, crashes=None):
     marks = [pytest.mark.xfail(reason=blocked[name], strict=False)] if name in blocked and not PEER else []
+    if crashes and name in crashes and not PEER:
+        marks.append(pytest.mark.skip(reason=crashes[name]))
     if not default:
         marks.append(pytest.mark.slow)
     return pytest.param(name, marks=marks, id=name)
@@ -69,7 +72,7 @@ def test_one_graph_fullgraph_three_lengths(name):
     assert run_lengths(name, None, fullgraph=True) == 2  # static, then the length symbolic
 
 
-@pytest.mark.parametrize("name", [param(a.name, {**BLOCKED, **INDUCTOR_BLOCKED}, a.name in INDUCTOR_DEFAULT)
+@pytest.mark.parametrize("name", [param(a.name, BLOCKED, a.name in INDUCTOR_DEFAULT, CRASHES_WITH_INDUCTOR)
                                   for a in ARCHS])
 def test_default_backend_equals_eager_three_lengths(name):
     assert run_lengths(name, "inductor", fullgraph=False) <= 2
@@ -77,7 +80,8 @@ def test_default_backend_equals_eager_three_lengths(name):
 
 @pytest.mark.parametrize("name", [param("xlnet", BLOCKED, default=False)])
 def test_xlnet_three_lengths_through_aot(name):
-    """XLNet through aot and its decompositions (the C++ kernels are INDUCTOR_BLOCKED)."""
+    """XLNet (its memory outputs too) through aot and its decompositions, not the C++ kernels
+    (CRASHES_WITH_INDUCTOR)."""
     assert run_lengths(name, "aot_eager", fullgraph=False) <= 2
 
 
