@@ -204,9 +204,10 @@ def _traced_apply(frame, cls_var, cls, ctx, inputs, has_setup):
     og = frame.og
     tensor_inputs = [v for v in inputs if isinstance(v, TensorVariable)]
     with og.subgraph(grad_enabled=False) as fwd_raw:
-        own = {id(v): TensorVariable(og.subgraph_input(f"{cls.__name__}_input", v.fake), v.fake)
-               for v in tensor_inputs}
-        inner = [own[id(v)] if isinstance(v, TensorVariable) else v for v in inputs]
+        # one placeholder per tensor argument, even for a tensor passed twice: each gets its own gradient
+        inner = [TensorVariable(og.subgraph_input(f"{cls.__name__}_input", v.fake), v.fake)
+                 if isinstance(v, TensorVariable) else v for v in inputs]
+        own = [v.node for v in inner if isinstance(v, TensorVariable)]
         versions = [v.fake._version for v in tensor_inputs]
         out = _run_forward(frame, cls_var, ctx, inner, has_setup, grad_enabled=False, traced=True)
         if any(v.fake._version != n for v, n in zip(tensor_inputs, versions)):
@@ -218,7 +219,7 @@ def _traced_apply(frame, cls_var, cls, ctx, inputs, has_setup):
     grads = _trace_backward(frame, cls_var, cls, ctx, items, tensor_outs, inputs)
     backward = subgraphs.close(grads.raw, grads.placeholders, grads.nodes, f"{cls.__name__}Backward")
     saved = backward.lifted  # forward values (or outside nodes) the backward reads
-    forward = subgraphs.close(fwd_raw, [own[id(v)].node for v in tensor_inputs],
+    forward = subgraphs.close(fwd_raw, own,
                               [v.node for v in tensor_outs] + saved, f"{cls.__name__}Forward")
     spec = _Spec(cls.__name__, forward.gm, backward.gm, len(tensor_outs), single, non_diff,
                  tuple(isinstance(n.meta.get("example_value"), torch.Tensor) for n in saved), len(forward.lifted))

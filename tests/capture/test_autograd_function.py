@@ -344,3 +344,11 @@ def test_graph_holds_one_node_for_the_function():
     kiln.compile(fn, backend=counter, fullgraph=True)(torch.randn(3, requires_grad=True))
     targets = [n.target for n in counter.graphs[0].graph.nodes if n.op == "call_function"]
     assert [getattr(t, "__name__", "") for t in targets].count("ScaledTanh_apply") == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_tensor_passed_twice(backend):
+    """Each argument gets its own gradient from backward; autograd sums them for the one tensor."""
+    def fn(x):
+        return MulAdd.apply(x, x, x * 2)
+    check_training(fn, torch.randn(5), backend=backend)
