@@ -346,6 +346,7 @@ def test_graph_holds_one_node_for_the_function():
     assert [getattr(t, "__name__", "") for t in targets].count("ScaledTanh_apply") == 1
 
 
+@pytest.mark.torch_differs("torch.compile breaks the graph on a tensor passed to apply twice (fullgraph raises)")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_tensor_passed_twice(backend):
     """Each argument gets its own gradient from backward; autograd sums them for the one tensor."""
