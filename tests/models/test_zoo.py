@@ -1,10 +1,11 @@
 """The model zoo (bench/zoo.py): Hugging Face architectures from small random configs, compiled whole.
 
-For every architecture: `fullgraph=True` (no graph break anywhere), one graph per compile, at most two
-compiles over three sequence lengths (static, then automatic dynamic), every output equal to eager.
-With kiln's default backend ("inductor") and for training steps (gradients of every parameter) on a
-few by default, on all with KILN_TEST_SLOW=1 (see conftest.py). torch.compile 2.13 passes all of these
-(KILN_TEST_PEER=torch). Architectures waiting on another part of kiln are marked `xfail` with the reason.
+For every architecture, always under `fullgraph=True` (no graph break anywhere, so nothing runs
+eagerly): one graph per compile, two compiles over three sequence lengths (static, then automatic
+dynamic), every output equal to eager. With kiln's default backend ("inductor") and for training steps
+(gradients of every parameter) on a few by default, on all with KILN_TEST_SLOW=1 (see conftest.py).
+torch.compile 2.13 passes all of these (KILN_TEST_PEER=torch). Architectures waiting on another part of
+kiln are marked `xfail` with the reason.
 """
 import os
 
@@ -75,14 +76,14 @@ def test_one_graph_fullgraph_three_lengths(name):
 @pytest.mark.parametrize("name", [param(a.name, BLOCKED, a.name in INDUCTOR_DEFAULT, CRASHES_WITH_INDUCTOR)
                                   for a in ARCHS])
 def test_default_backend_equals_eager_three_lengths(name):
-    assert run_lengths(name, "inductor", fullgraph=False) <= 2
+    assert run_lengths(name, "inductor", fullgraph=True) == 2
 
 
 @pytest.mark.parametrize("name", [param("xlnet", BLOCKED, default=False)])
 def test_xlnet_three_lengths_through_aot(name):
     """XLNet (its memory outputs too) through aot and its decompositions, not the C++ kernels
     (CRASHES_WITH_INDUCTOR)."""
-    assert run_lengths(name, "aot_eager", fullgraph=False) <= 2
+    assert run_lengths(name, "aot_eager", fullgraph=True) == 2
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
@@ -93,7 +94,7 @@ def test_training_step_gradients_equal_eager(name, backend):
     arch = BY_NAME[name]
     eager_model, model = arch.build(), arch.build()
     counter = counting_backend(backend)
-    compiled = kiln.compile(model, backend=counter)
+    compiled = kiln.compile(model, backend=counter, fullgraph=True)
     inputs = arch.inputs(arch.lengths[0])
     losses = []
     for fn in (eager_model, compiled):
