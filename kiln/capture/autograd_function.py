@@ -56,7 +56,7 @@ class FunctionCtxVariable(HandlerVariable):
             return const(self.needs_input_grad)
         if name == "materialize_grads":
             return const(True)
-        raise Unsupported(f"attribute {name!r} of an autograd.Function ctx",
+        raise Unsupported(f"AttributeError: the autograd.Function ctx has no attribute {name!r}",
                           python_exception=AttributeError(name))
 
     def var_setattr(self, frame, name, value):

@@ -27,7 +27,8 @@ class ScaledTanh(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return grad * ctx.scale * 3.0 * (1 - torch.tanh(x) ** 2), None
+        shift = ctx.shift if hasattr(ctx, "shift") else 0.0  # never set: hasattr is False
+        return grad * ctx.scale * 3.0 * (1 - torch.tanh(x) ** 2) + shift, None
 
 
 def leaves(*tensors, requires_grad=True):
