@@ -250,3 +250,10 @@ def test_methods_of_a_symbolic_number():
     def fn(x, n, a):
         return x * n.bit_length() + a.is_integer(), a.as_integer_ratio(), n.conjugate()
     check_calls(fn, [(t(3), 5, 0.5), (t(3), 6, 2.0), (t(3), 9, 0.25)], dynamic=True, fullgraph=True)
+
+
+def test_returning_only_sizes_needs_no_graph():
+    """Sizes recomputed from the inputs leave no op in the graph: no graph at all, as in torch.compile."""
+    def sizes(x):
+        return x.shape, x.size(1)
+    check_calls(sizes, [(t(8, 3),), (t(10, 3),), (t(12, 5),)], graphs=0)
