@@ -113,8 +113,16 @@ def compiler_options(mode=None, options=None):
     return resolved
 
 
-SUPPORTED_PYTHON = (3, 11)
+# the CPython versions whose bytecode capture runs (kiln/capture/bytecode_facts.py holds what differs
+# between them); on any other version kiln.compile warns and runs the model eagerly
+SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
 
 
 def python_supported():
-    return sys.version_info[:2] == SUPPORTED_PYTHON
+    return sys.version_info[:2] in SUPPORTED_PYTHONS
+
+
+def supported_pythons_text():
+    """'3.11, 3.12 and 3.13'"""
+    names = [".".join(map(str, v)) for v in SUPPORTED_PYTHONS]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]

@@ -35,6 +35,12 @@ class Unsupported(KilnError):
         super().__init__(f"{msg} (at {where})" if where else msg)
 
 
+class InternalError(KilnError):
+    """kiln failed on a program it should handle (a bug in kiln; the cause is chained). Without
+    fullgraph the frame runs eagerly instead (logged under KILN_LOGS=graph_breaks); under
+    fullgraph=True, which promises one graph or an error, it is raised."""
+
+
 class BackendCompilerFailed(KilnError):
     """A backend raised while compiling a graph; the cause is chained."""
 

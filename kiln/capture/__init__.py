@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from kiln.capture import autograd_function, resume, runtime  # noqa: F401 (autograd_function: registers Function.apply)
+from kiln.capture import autograd_function, eager_frames, resume, runtime  # noqa: F401 (they install themselves)
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):

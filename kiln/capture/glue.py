@@ -12,7 +12,9 @@ import torch
 
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
-from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictIterator, DictVariable,
+                                    DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator, MapIterator,
+                                    SequenceIterator, ZipIterator,
                                     FreshObjectVariable, GeneratorVariable, GradModeExit,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable, TupleVariable)
@@ -25,6 +27,18 @@ _SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 
 def _make_cell(*contents):
     return types.CellType(*contents)
+
+
+def _advanced(iterator, n):
+    """`iterator` after n items: how a rebuilt iterator resumes where capture left it."""
+    for _ in range(n):
+        next(iterator)
+    return iterator
+
+
+def _at_index(iterator, index):
+    iterator.__setstate__(index)
+    return iterator
 
 
 class Glue:
@@ -102,7 +116,8 @@ class Glue:
             args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())
             return f"{self.const(var.cls, 'CLS')}({args})"
         if isinstance(var, DictVariable):
-            body = "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in var.items.items()) + "}"
+            body = "{" + ", ".join(f"{self.value(ConstantVariable(k))}: {self.value(v)}"  # a torch.Size key too
+                                   for k, v in var.items.items()) + "}"
             if var.cls is dict:
                 return body
             factory = getattr(var, "default_factory", None)
@@ -117,6 +132,9 @@ class Glue:
             return self._unstarted_generator(var)
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
+        if isinstance(var, (SequenceIterator, DictIterator, DictViewVariable, MapIterator, ZipIterator,
+                            FilterIterator, EnumerateIterator)):
+            return self._lazy_iterable(var)
         if isinstance(var, CellVariable):
             if var.contents is not CellVariable._EMPTY:
                 self._deferred.append(lambda: f"{name}.cell_contents = {self.value(var.contents)}")
@@ -140,6 +158,30 @@ class Glue:
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
+
+    def _lazy_iterable(self, var):
+        """An iterator or dict view rebuilt as the same kind of object in the same state, over the
+        rebuilt values it reads from (so a map stays a map, a list iterator stays live)."""
+        if isinstance(var, DictViewVariable):
+            return f"{self.value(var.dict)}.{var.kind}()"
+        if isinstance(var, SequenceIterator):
+            make = "reversed" if var.reverse else "iter"
+            if var.done:
+                return f"{make}({'[]' if isinstance(var.seq, ListVariable) else '()'})"
+            if isinstance(var.seq, ListVariable):  # an index into the live list, as CPython's
+                return f"{self.const(_at_index, 'ITER')}({make}({self.value(var.seq)}), {var.index})"
+            return f"{self.const(_advanced, 'ITER')}({make}({self.value(var.seq)}), {var.consumed()})"
+        if isinstance(var, DictIterator):
+            if var.size != len(var.dict.items):
+                raise Unsupported("a dict iterator whose dict changed size")
+            return f"{self.const(_advanced, 'ITER')}(iter({self.value(var.dict)}.{var.kind}()), {var.pos})"
+        if isinstance(var, MapIterator):
+            return f"map({self.value(var.fn)}, {', '.join(self.value(i) for i in var.iterators)})"
+        if isinstance(var, ZipIterator):
+            return f"zip({''.join(self.value(i) + ', ' for i in var.iterators)}strict={var.strict})"
+        if isinstance(var, FilterIterator):
+            return f"filter({self.value(var.fn)}, {self.value(var.iterator)})"
+        return f"enumerate({self.value(var.iterator)}, {var.count})"
 
     def _unstarted_generator(self, var):
         """A generator not run yet (made just before a break): call its function again, natively."""
@@ -177,7 +219,7 @@ class Glue:
                 todo.append((f"__d = {target}; __d.clear(); __d.update({{}})", DictVariable(container.items)))
         for obj_var, name, value in se.attr_stores.values():
             todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
-        for source, value in list(se.global_stores.items()) + list(se.cell_stores.values()):
+        for source, value in list(se.global_stores.values()) + list(se.cell_stores.values()):
             todo.append((f"{source.expr(self.ctx)} = {{}}", value))
         rendered = [(fmt, self.value(v)) for fmt, v in todo]
         self.finish_values()

@@ -31,6 +31,7 @@ from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable
                                     SliceVariable, SymNodeVariable, TensorVariable, TupleVariable, is_constant)
 import torch._guards
 from kiln.exc import Unsupported
+from kiln.torch_compat import UnmanagedAutocast
 
 # What the fake mode raises for a data-dependent op when it has no ShapeEnv
 _NEEDS_SHAPE_ENV = (DataDependentOutputException, DynamicOutputShapeException)
@@ -93,6 +94,7 @@ class OutputGraph:
         self.guards = GuardSet()
         self.side_effects = SideEffects()
         self.inputs = []  # (source, real tensor or number, node) in placeholder order
+        self._input_versions = []  # per tensor input: (fake, its version counter on entry): a change means a write
         self.folded_numbers = []  # (source, value) of the caller's ints/floats folded in as constants
         self._numbers = {}  # Source -> SymNodeVariable of a symbolic number input
         self._by_id = {}  # id(real object) -> Variable, so one object always maps to one Variable
@@ -153,11 +155,12 @@ class OutputGraph:
         if type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
             if g:
                 g.len_match(source, value)
+                g.class_unchanged(type(value))  # a NamedTuple's own methods and dunders
             items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
             if type(value) is list:
                 return ListVariable(items, source)
             return TupleVariable(items, source, type(value))
-        if type(value) in (dict, collections.OrderedDict) and all(type(k) in (str, int) for k in value):
+        if type(value) in (dict, collections.OrderedDict) and all(is_constant(k) for k in value):
             if g:
                 g.keys_match(source, value)
             items = {k: self.wrap(v, ItemSource(source, k) if source else None, guard) for k, v in value.items()}
@@ -183,6 +186,8 @@ class OutputGraph:
                     self.wrap(value.__self__, AttrSource(source, "__self__"))
                 else:
                     g.id_match(source, value)
+                if isinstance(value, torch.nn.Module):  # its methods, __call__, attribute lookup order
+                    g.class_unchanged(type(value))
             return ObjectVariable(value, source)
         if isinstance(value, enum.Enum):  # members are singletons: identity says everything
             if g:
@@ -190,6 +195,7 @@ class OutputGraph:
             return ObjectVariable(value, source)
         if g:
             g.type_match(source, value)
+            g.class_unchanged(type(value))  # what capture reads through the object's class
         return ObjectVariable(value, source, opaque=g is not None)
 
     def _wrap_set(self, value, source, g):
@@ -229,6 +235,7 @@ class OutputGraph:
         node.meta["example_value"] = fake
         node.meta["source"] = repr(source)
         self.inputs.append((source, value, node))
+        self._input_versions.append((fake, version_of(fake)))
         return TensorVariable(node, fake, source, type(value))
 
     def _wrap_number(self, value, source):
@@ -254,6 +261,25 @@ class OutputGraph:
         number folded in as a constant."""
         return [(s, tuple(t.shape)) for s, t, _ in self.inputs if isinstance(t, torch.Tensor)] + \
             list(self.folded_numbers)
+
+    def guard_input_aliasing(self):
+        """A graph that writes to an input computes something else when another input shares its
+        memory (the write is seen through the other): guard which inputs share a storage. The fake
+        inputs alias exactly as the real ones (one fake storage per real storage), so the backend
+        compiles for that pattern. Frames that write no input pay nothing. Checked: every input
+        when the graph writes an argument (a caller may pass a view of a module's parameter); when
+        it writes only module state (BatchNorm's running statistics), the written tensors and the
+        inputs that are not module state: module parameters and buffers aliasing each other by
+        storage (rather than being one object) are not re-checked per call."""
+        written = [version is None or version_of(fake) != version for fake, version in self._input_versions]
+        tensors = [(s, t) for s, t, _ in self.inputs if isinstance(t, torch.Tensor)]  # as _input_versions
+        if len(tensors) < 2 or not any(written):
+            return
+        state = [_is_module_state(s) for s, _ in tensors]
+        all_inputs = any(w and not m for w, m in zip(written, state))
+        checked = [(s, t) for (s, t), w, m in zip(tensors, written, state) if all_inputs or w or not m]
+        if len(checked) > 1:
+            self.guards.alias_pattern([s for s, _ in checked], [t for _, t in checked])
 
     def _placeholder(self, name):
         # inputs always enter the root graph (a subgraph lifts what it reads from it); placeholders
@@ -300,21 +326,24 @@ class OutputGraph:
         Non-tensor results (sizes, dtypes, bools from metadata) become constants and leave no node,
         unless the op mutated a tensor in place.
         """
-        fake_args, fake_kwargs = _to_fake((args, kwargs))
+        fake_args, fake_kwargs = to_fake((args, kwargs))
         tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
-        versions = [t.fake._version for t in tensors_in]
+        versions = [version_of(t.fake) for t in tensors_in]
         try:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
         except Unsupported:
             raise
         except Exception as e:
             raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
-        mutated = any(t.fake._version != v for t, v in zip(tensors_in, versions))
+        mutated = any(version_of(t.fake) != v for t, v in zip(tensors_in, versions)) or \
+            (None in versions and _writes_by_name(target))
         leaves = pytree.tree_leaves(result)
         if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
             raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated and not _has_symbols(leaves):
+            if _fact_name(target) in TENSOR_FACTS and tensors_in:
+                self.guard_tensor_fact(_fact_name(target), tensors_in)
             result = torch.Size(map(_concrete, result)) if isinstance(result, torch.Size) else \
                 pytree.tree_map(_concrete, result)
             if not is_constant(result) and not (isinstance(result, (list, tuple)) and all(map(is_constant, result))):
@@ -325,10 +354,38 @@ class OutputGraph:
         node.meta["example_value"] = result
         return self._result_variable(node, result, tensors_in)
 
+    def guard_tensor_fact(self, name, tensors):
+        """A fact of `tensors` (TENSOR_FACTS) was read: guard it on the inputs it comes from. A tensor
+        made in the frame has it from the inputs it was computed from, so all inputs met so far are
+        guarded; `is_inference` of such a tensor also depends on whether inference mode is on."""
+        if all(t.source is not None for t in tensors):
+            sources = {t.source for t in tensors}
+        else:
+            sources = {s for s, _, _ in self.inputs}
+            if name == "is_inference":
+                mode = torch.is_inference_mode_enabled()
+                self.guards.add(None, f"{self.guards.const(torch.is_inference_mode_enabled, 'INF')}() is {mode}",
+                                f"torch.is_inference_mode_enabled() is {mode}")
+        for source, _, node in self.inputs:
+            if source in sources:  # the input's fact as capture saw it (its fake mirrors the real one)
+                attr = getattr(node.meta["example_value"], name)
+                read, value = (f"v.{name}()", attr()) if callable(attr) else (f"v.{name}", attr)
+                self.guards.add(source, f"{read} is {value!r}" if isinstance(value, bool) else f"{read} == {value!r}",
+                                f"{source!r}.{name} == {value!r}")
+
+    def real_tensor(self, source):
+        """The real input tensor reached through `source` (None if none is)."""
+        for s, real, _ in self.inputs:
+            if s == source:
+                return real
+        return None
+
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         for attempt in range(2):
             try:
-                with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), self._dispatcher():
+                # the Python dispatcher runs ops' SymInt-aware Python decompositions (C++ composites
+                # such as torch 2.11's matmul call numel() on symbolic sizes and fail), as torch does
+                with self.fake_mode, enable_python_dispatcher(), torch.set_grad_enabled(self.grad_enabled):
                     if kind == "call_method":
                         return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                     return target(*fake_args, **fake_kwargs)
@@ -339,12 +396,6 @@ class OutputGraph:
                 if attempt or self._shape_env is not None:
                     raise
                 self.ensure_shape_env()
-
-    def _dispatcher(self):
-        """With symbolic sizes, ops run through the Python dispatcher, as under torch.compile: it picks the
-        Python decompositions of composite ops (F.pad, baddbmm's meta), which keep sizes symbolic where
-        the C++ kernels would pin them to their current values (MobileBERT recompiled for every length)."""
-        return enable_python_dispatcher() if self._shape_env is not None else contextlib.nullcontext()
 
     def _result_variable(self, node, result, tensors_in):
         if isinstance(result, torch.Tensor):
@@ -393,7 +444,7 @@ class OutputGraph:
         returns the exit action. `leave_contexts` undoes whatever a failed capture left entered."""
         node = self.graph.create_node("call_function", torch.amp.autocast_mode._enter_autocast, tuple(mode_args), {},
                                       name=self._unique("enter_autocast"))
-        mode = torch.amp.autocast_mode._UnmanagedAutocast(*mode_args)
+        mode = UnmanagedAutocast(*mode_args)
         mode.__enter__()
         self.entered.append(mode)
 
@@ -410,6 +461,40 @@ class OutputGraph:
 
     def op_count(self):
         return sum(1 for n in self.graph.nodes if n.op.startswith("call"))
+
+
+# Facts of a tensor its fake mirrors but the tensor guard (GuardSet.tensor_match) does not check;
+# code that reads one (`x.is_inference()`, `torch.is_conj(x)`) gets it guarded (guard_tensor_fact)
+TENSOR_FACTS = {"is_inference", "is_conj", "is_neg", "_is_zerotensor", "storage_offset", "_is_view", "is_leaf"}
+
+
+def _fact_name(target):
+    return target if isinstance(target, str) else getattr(target, "__name__", None)
+
+
+def _is_module_state(source):
+    """A parameter or buffer of a module (`...._parameters['weight']`)."""
+    return isinstance(source, ItemSource) and isinstance(source.base, AttrSource) and \
+        source.base.name in ("_parameters", "_buffers")
+
+
+def version_of(t):
+    """A tensor's version counter (bumped by every write to its storage); None for an inference
+    tensor, which has none."""
+    return None if t.is_inference() else t._version
+
+
+def _writes_by_name(target):
+    """Whether an op writes to its first argument, by torch's naming (add_, __setitem__): how writes
+    to inference tensors, which have no version counter, are told."""
+    name = _fact_name(target) or ""
+    if name.startswith("__") and name.endswith("__"):  # __setitem__, __iadd__
+        return name.strip("_") in _WRITING_OPERATORS
+    return name in _WRITING_OPERATORS or (name.endswith("_") and not name.startswith("_"))  # add_
+
+
+_WRITING_OPERATORS = {"setitem"} | {"i" + op for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and",
+                                                         "or", "xor", "lshift", "rshift", "matmul")}
 
 
 def _has_symbols(leaves):
@@ -482,7 +567,8 @@ def _var_leaves(tree):
     return out
 
 
-def _to_fake(tree):
+def to_fake(tree):
+    """The fake values of Variables inside nested containers (what ops run on during capture)."""
     def conv(v):
         if isinstance(v, TensorVariable):
             return v.fake
@@ -491,6 +577,8 @@ def _to_fake(tree):
         if isinstance(v, ObjectVariable):
             if v.opaque:  # only its type is guarded: its value must not become part of the graph
                 raise Unsupported(f"a {type(v.value).__qualname__} object passed to a tensor op")
+            if callable(v.value):  # fx would write its repr (`<function f at 0x..>`) into the graph's code
+                raise Unsupported(f"{getattr(v.value, '__qualname__', type(v.value).__qualname__)} passed to a tensor op")
             return v.value
         raise Unsupported(f"cannot pass {v!r} to a tensor op")
     return _map_vars(conv, tree)

@@ -9,7 +9,8 @@ import math
 
 import torch
 
-from kiln.capture.sources import CodeContext
+from kiln.capture import class_watch
+from kiln.capture.sources import CodeContext, TupleSource
 
 
 class Guard:
@@ -31,6 +32,7 @@ class GuardSet:
         self.ctx = CodeContext()
         self.guards = []
         self._seen = set()
+        self._classes = set()  # ids of the classes guarded unchanged
 
     def add(self, source, check, text=None):
         """`check` may use `v` and names from `self.const(...)`; source None means a global-state guard."""
@@ -93,8 +95,10 @@ class GuardSet:
 
     def keys_match(self, source, value):
         keys = self.const(tuple(value.keys()), "KEYS")
-        self.add(source, f"type(v) is {self.const(type(value), 'T')} and tuple(v) == {keys}",
-                 f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
+        check = f"type(v) is {self.const(type(value), 'T')} and tuple(v) == {keys}"
+        if not all(type(k) in (str, int) for k in value):  # (2, 3) == torch.Size([2, 3]): types too
+            check += f" and tuple(map(type, v)) == {self.const(tuple(map(type, value)), 'KEYTYPES')}"
+        self.add(source, check, f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
 
     def autocast_match(self):
         """The autocast state around the call: fake tensors took their dtypes from it, and code may
@@ -107,8 +111,28 @@ class GuardSet:
             self.add(None, f"{anyac}() and {self.const(autocast_state, 'ACSTATE')}() == {self.const(state, 'AC')}",
                      f"autocast state is {state}")
 
+    def class_unchanged(self, cls):
+        """Nothing reachable through `cls` (its attributes along the MRO) changed since capture: one
+        check per class covers every method, `__call__`, `__getattr__` or descriptor read through it
+        (see class_watch). Built-in classes cannot change and get no guard."""
+        for klass in (cls, type(cls)):  # the metaclass decides lookups on the class itself
+            if id(klass) in self._classes or not class_watch.can_change(klass):
+                continue
+            self._classes.add(id(klass))
+            self.add(None, class_watch.guard_expression(klass, self.const), f"class {klass.__qualname__} unchanged")
+
+    def alias_pattern(self, sources, tensors):
+        """Which of these input tensors share memory (and which are one object) is as now: a graph
+        that writes to an input computes something else when another input aliases it."""
+        pattern = alias_pattern(tensors)
+        self.add(TupleSource(sources), f"{self.const(alias_pattern, 'ALIASING')}(v) == {pattern!r}",
+                 f"inputs {', '.join(map(repr, sources))} alias as {pattern}")
+
     def aliases(self, source, other):
         self.add(source, f"v is {other.expr(self.ctx)}", f"{source!r} is {other!r}")
+
+    def distinct(self, source, other):
+        self.add(TupleSource([source, other]), "v[0] is not v[1]", f"{source!r} is not {other!r}")
 
     # ---- code generation --------------------------------------------------------------------
     def build(self):
@@ -170,6 +194,16 @@ def _substitute_v(check, v):
 def _fn(name, lines, on_error):
     inner = "\n".join("        " + line for line in lines)
     return f"def {name}(F, L):\n    try:\n{inner}\n    except Exception:\n        return {on_error}\n"
+
+
+def alias_pattern(tensors):
+    """For each tensor, the index of the first tensor with the same storage (one object is one storage)."""
+    first = {}
+    return tuple([first.setdefault(_storage_id(t), i) for i, t in enumerate(tensors)])
+
+
+# the address of the tensor's StorageImpl (one C call); older torch: the storage's data pointer
+_storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage().data_ptr())
 
 
 def autocast_state():

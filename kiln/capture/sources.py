@@ -117,13 +117,14 @@ class AttrSource(Source):
 
 
 class ItemSource(Source):
-    """base[key] for a constant int or str key."""
+    """base[key] for a constant key (an int or str written as is, others interned: torch.Size)."""
 
     def __init__(self, base, index):
         self.base, self.index = base, index
 
     def expr(self, ctx):
-        return f"{ctx.sub(self.base)}[{self.index!r}]"
+        key = repr(self.index) if type(self.index) in (int, str) else ctx.const(self.index, "KEY")
+        return f"{ctx.sub(self.base)}[{key}]"
 
     def key(self):
         return ("item", self.base.key(), self.index)
@@ -146,3 +147,19 @@ class ConstSource(Source):
 
     def __repr__(self):
         return f"<{type(self.obj).__name__}>"
+
+
+class TupleSource(Source):
+    """The tuple of several sources' values (a guard over a group: which input tensors alias)."""
+
+    def __init__(self, sources):
+        self.sources = tuple(sources)
+
+    def expr(self, ctx):
+        return "(" + "".join(ctx.sub(s) + ", " for s in self.sources) + ")"
+
+    def key(self):
+        return ("tuple",) + tuple(s.key() for s in self.sources)
+
+    def __repr__(self):
+        return "(" + ", ".join(repr(s) for s in self.sources) + ")"
