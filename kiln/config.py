@@ -59,10 +59,10 @@ class _Config:
         "suppress_errors": Option(False, "a backend that raises: False re-raises (wrapped), True runs the frame "
                                          "eagerly with a warning"),
         "inline_inbuilt_nn_modules": Option(True, "inline calls to user functions into the caller's graph"),
-        "capture_scalar_outputs": Option(False, "capture .item() into the graph instead of breaking (not yet "
-                                                "supported: breaks)"),
-        "automatic_dynamic_shapes": Option(True, "dynamic=None: after a size changes, recompile with that dim "
-                                                 "symbolic"),
+        "capture_scalar_outputs": Option(False, "capture .item() into the graph (a number only the graph knows) "
+                                                "instead of breaking there"),
+        "automatic_dynamic_shapes": Option(True, "dynamic=None: after a size (or an int/float argument) changes, "
+                                                 "recompile with it symbolic"),
         "error_on_unsupported_python": Option(False, "raise instead of running eagerly when the Python version "
                                                      "is not supported"),
         "verbose": Option(False, "print a guard-failure reason when recompiling (also under "

@@ -50,13 +50,14 @@ class EagerCall(EagerFrame):
 
 class CacheEntry:
     __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
-                 "input_shapes", "liveness", "__weakref__")
+                 "input_values", "liveness", "__weakref__")
 
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_shapes,
+    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_values,
                  liveness):
         self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
         self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
-        self.input_shapes = input_shapes  # (Source, size) of each tensor input, for automatic dynamic
+        # (Source, size tuple of a tensor input or value of a number folded in), for automatic dynamic
+        self.input_values = input_values
         self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
 
 
@@ -68,9 +69,9 @@ class _Break:
 
 
 class Capture:
-    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamic_dims):
+    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamism):
         self.F, self.L, self.code, self.fullgraph = F, L, code, fullgraph
-        self.backend_for_glue, self.dynamic, self.dynamic_dims = backend, dynamic, dynamic_dims
+        self.backend_for_glue, self.dynamic, self.dynamism = backend, dynamic, dynamism
         self.break_at = None
         self.break_reason = None
         self.requested = None
@@ -82,7 +83,7 @@ class Capture:
         if self.code.co_flags & _GENERATOR_FLAGS:
             raise self._cannot("generators and coroutines run eagerly")
         for _ in range(3):
-            self.og = OutputGraph(self.code.co_name, self.dynamic_dims)
+            self.og = OutputGraph(self.code.co_name, self.dynamism)
             self.steps, self.requested = 0, None
             frame = interp.root_frame(self, self.F, self.L, self.code)
             try:
@@ -185,7 +186,7 @@ def _with_depth(insts, offset):
     return depth
 
 
-def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=None):
+def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamism=None):
     """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed.
 
     A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly,
@@ -193,7 +194,7 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=Non
     the original exception raised instead).
     """
     try:
-        return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims)
+        return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism)
     except (EagerFrame, KilnError):
         raise
     except Exception as e:
@@ -205,8 +206,8 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=Non
         raise EagerFrame(msg) from e
 
 
-def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
-    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamic_dims)
+def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
+    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamism)
     result = cap.run()
     og = cap.og
     glue = Glue(og)
@@ -231,15 +232,16 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src,
-                       [(s, tuple(t.shape)) for s, t, _ in og.inputs], og.guards.liveness)
+                       og.input_values(), og.guards.liveness)
     _log_entry(code, entry, og)
     return entry
 
 
 def _compile_graph(og, glue, backend, code):
+    og.graph.output(tuple(v.node for v in glue.outputs))
+    _drop_unused_sizes(og.graph)
     if og.op_count() == 0:
         return None, None
-    og.graph.output(tuple(v.node for v in glue.outputs))
     gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
     example_inputs = [t for _, t, _ in og.inputs]
     if enabled("graph"):
@@ -253,6 +255,22 @@ def _compile_graph(og, glue, backend, code):
             raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
         raise BackendCompilerFailed(backend.name, e) from e
     return compiled, gm
+
+
+def _drop_unused_sizes(graph):
+    """Remove size computations nothing uses (`x.size()` whose result the glue recomputes from the
+    inputs): a graph of nothing else is no graph, as in torch.compile. Only nodes whose value is a
+    number or a tuple of numbers go: tensor ops may write in place, so they always stay."""
+    for node in reversed(graph.nodes):
+        if node.op in ("call_function", "call_method") and not node.users and \
+                _is_number_tree(node.meta.get("example_value")):
+            graph.erase_node(node)
+
+
+def _is_number_tree(value):
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_is_number_tree(v) for v in value)
+    return isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _break_tail(cap, glue, brk):

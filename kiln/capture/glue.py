@@ -8,6 +8,8 @@ through the runtime. Generated as Python source so KILN_LOGS=bytecode shows some
 import inspect
 import types
 
+import torch
+
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictIterator, DictVariable,
@@ -16,11 +18,11 @@ from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVari
                                     FreshObjectVariable, GeneratorVariable, GradModeExit,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable, TupleVariable)
-from kiln.capture.graph_builder import size_source
-from kiln.capture.objects import specialize
+from kiln.capture.graph_builder import python_expr
 from kiln.exc import Unsupported
 
 _LITERAL_TYPES = (int, bool, str, type(None), bytes)
+_SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 
 
 def _make_cell(*contents):
@@ -70,12 +72,14 @@ class Glue:
                 return repr(v)
             return self.const(v, "K")
         if isinstance(var, SymNodeVariable):
-            found = size_source(self.og, var.value)
-            if found is None:
-                return repr(specialize(var))  # an expression of sizes: pinned by the shape guards
-            name = self._new_tmp()  # a dynamic size itself: read again from the input at run time
+            expr = python_expr(self.og, var.value, self.ctx)
+            if expr is None:  # computed from tensor data (an item()): the graph returns it in a tensor
+                as_tensor = self.og.call_op("call_function", torch.scalar_tensor, [var],
+                                            {"dtype": ConstantVariable(_SCALAR_DTYPES[var.python_type()])})
+                expr = f"{self.value(as_tensor)}.item()"
+            name = self._new_tmp()  # computed again from the inputs at run time, as Python would
             self._tmp[id(var)] = name
-            self.emit(f"{name} = {found[0].expr(self.ctx)}.size({found[1]})")
+            self.emit(f"{name} = {expr}")
             return name
         if isinstance(var, interp.RealCell):
             return var.source.expr(self.ctx).rsplit(".cell_contents", 1)[0]

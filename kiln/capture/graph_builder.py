@@ -6,18 +6,20 @@ tensors (FakeTensorMode) to learn the result's metadata and records an fx node.
 """
 import builtins
 import collections
+import contextlib
 import enum
 import operator
 import re
 import sys
 import types
 
+import sympy
 import torch
 import torch.fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                            FakeTensorMode)
-from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from kiln.capture import dynamic
@@ -75,24 +77,26 @@ class ShapeSource(torch._guards.Source):
 
 
 class OutputGraph:
-    def __init__(self, code_name, dynamic_dims=None):
-        """`dynamic_dims(source, tensor) -> {dim: reason}` says which sizes of an input are symbolic."""
-        self.graph = torch.fx.Graph()
+    def __init__(self, code_name, dynamism=None):
+        """`dynamism` (dynamic.InputDynamism) says which input sizes and numbers are symbolic."""
+        self.graph = self.root_graph = torch.fx.Graph()  # `graph` is where ops go; see `subgraph`
         # The ShapeEnv comes into being only when a size turns symbolic (see `shape_env`): creating
         # one imports torch's validator and, through it, most of torch._dynamo (~0.75 s in a fresh
         # process), which a graph with static sizes never needs. static_shapes=False is what the
         # mode would have with a ShapeEnv from the start.
         self._shape_env = None
         self.fake_mode = FakeTensorMode(shape_env=None, static_shapes=False, allow_non_fake_inputs=False)
-        self.dynamic_dims = dynamic_dims or (lambda source, t: {})
+        self.dynamism = dynamism or dynamic.InputDynamism(False, code_name)
         self.watch = ShapeWatch(None)
-        self.dynamic_inputs = []  # (fake, ShapeSource)
+        self.dynamic_inputs = []  # (fake tensor or symbolic number, ShapeSource)
         self.dynamic_input_dims = {}  # id(fake) -> dims made symbolic
         self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
         self.guards = GuardSet()
         self.side_effects = SideEffects()
-        self.inputs = []  # (source, real tensor, node) in placeholder order
-        self._input_versions = []  # (fake, its version counter on entry): a change means a write to an input
+        self.inputs = []  # (source, real tensor or number, node) in placeholder order
+        self._input_versions = []  # per tensor input: (fake, its version counter on entry): a change means a write
+        self.folded_numbers = []  # (source, value) of the caller's ints/floats folded in as constants
+        self._numbers = {}  # Source -> SymNodeVariable of a symbolic number input
         self._by_id = {}  # id(real object) -> Variable, so one object always maps to one Variable
         self._keepalive = []
         self._names = set()
@@ -139,8 +143,14 @@ class OutputGraph:
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
         if is_constant(value):
+            if g and source in self._numbers:
+                return self._numbers[source]
+            if g and self.dynamism.scalar(source, value):
+                return self._wrap_number(value, source)
             if g:
                 g.const_match(source, value)
+                if type(value) in (int, float):
+                    self.folded_numbers.append((source, value))
             return ConstantVariable(value, source)
         if type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
             if g:
@@ -206,7 +216,7 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported")
         if value.is_sparse or value.layout != torch.strided:
             raise Unsupported("sparse tensors are not supported")
-        dims = self.dynamic_dims(source, value) if value.dim() else {}
+        dims = self.dynamism.dims(source, value) if value.dim() else {}
         if dims:
             self.ensure_shape_env()  # the fake mode makes this input's sizes symbols of it
             self.guards.tensor_match(source, value, dynamic=set(dims))
@@ -228,6 +238,30 @@ class OutputGraph:
         self._input_versions.append((fake, version_of(fake)))
         return TensorVariable(node, fake, source, type(value))
 
+    def _wrap_number(self, value, source):
+        """An int or float the caller passes, as a graph input: a symbol (backed by its value) in the
+        ShapeEnv, so one graph serves every value; the shape guards keep the facts the code relied on."""
+        env = self.ensure_shape_env()
+        self.guards.type_match(source, value)
+        shape_source = ShapeSource(source.expr(self.guards.ctx))
+        sym = env.create_unspecified_symbol(value, source=shape_source, dynamic_dim=DimDynamic.DYNAMIC)
+        make = env.create_symintnode if type(value) is int else env.create_symfloatnode
+        symbolic = make(sym, hint=value, source=shape_source)
+        node = self._placeholder(self._unique(_sanitize(repr(source))))
+        node.meta["example_value"] = symbolic
+        node.meta["source"] = repr(source)
+        self.inputs.append((source, value, node))
+        self.dynamic_inputs.append((symbolic, shape_source))
+        self.shape_source_of[shape_source] = source
+        self._numbers[source] = SymNodeVariable(node, symbolic)
+        return self._numbers[source]
+
+    def input_values(self):
+        """(Source, what automatic dynamic compares next time): each tensor input's sizes and each
+        number folded in as a constant."""
+        return [(s, tuple(t.shape)) for s, t, _ in self.inputs if isinstance(t, torch.Tensor)] + \
+            list(self.folded_numbers)
+
     def guard_input_aliasing(self):
         """A graph that writes to an input computes something else when another input shares its
         memory (the write is seen through the other): guard which inputs share a storage. The fake
@@ -238,25 +272,45 @@ class OutputGraph:
         inputs that are not module state: module parameters and buffers aliasing each other by
         storage (rather than being one object) are not re-checked per call."""
         written = [version is None or version_of(fake) != version for fake, version in self._input_versions]
-        if len(self.inputs) < 2 or not any(written):
+        tensors = [(s, t) for s, t, _ in self.inputs if isinstance(t, torch.Tensor)]  # as _input_versions
+        if len(tensors) < 2 or not any(written):
             return
-        state = [_is_module_state(s) for s, _, _ in self.inputs]
+        state = [_is_module_state(s) for s, _ in tensors]
         all_inputs = any(w and not m for w, m in zip(written, state))
-        checked = [(s, t) for (s, t, _), w, m in zip(self.inputs, written, state) if all_inputs or w or not m]
+        checked = [(s, t) for (s, t), w, m in zip(tensors, written, state) if all_inputs or w or not m]
         if len(checked) > 1:
             self.guards.alias_pattern([s for s, _ in checked], [t for _, t in checked])
 
     def _placeholder(self, name):
-        # placeholders must precede every other node
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        # inputs always enter the root graph (a subgraph lifts what it reads from it); placeholders
+        # must precede every other node
+        graph = self.root_graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         if placeholders:
-            with self.graph.inserting_after(placeholders[-1]):
-                return self.graph.placeholder(name)
-        first = next(iter(self.graph.nodes), None)
+            with graph.inserting_after(placeholders[-1]):
+                return graph.placeholder(name)
+        first = next(iter(graph.nodes), None)
         if first is None:
-            return self.graph.placeholder(name)
-        with self.graph.inserting_before(first):
-            return self.graph.placeholder(name)
+            return graph.placeholder(name)
+        with graph.inserting_before(first):
+            return graph.placeholder(name)
+
+    @contextlib.contextmanager
+    def subgraph(self, grad_enabled):
+        """Record ops into a fresh fx.Graph (an autograd.Function's forward or backward) run in grad
+        mode `grad_enabled`; it may read nodes of the graphs around it (see subgraphs.close)."""
+        saved = self.graph, self.grad_enabled
+        self.graph, self.grad_enabled = torch.fx.Graph(), grad_enabled
+        try:
+            yield self.graph
+        finally:
+            self.graph, self.grad_enabled = saved
+
+    def subgraph_input(self, name, example):
+        """A placeholder of the current subgraph standing for `example` (a fake tensor)."""
+        node = self.graph.placeholder(self._unique(name))
+        node.meta["example_value"] = example
+        return node
 
     def _unique(self, base):
         name, i = base, 1
@@ -448,15 +502,29 @@ def _has_symbols(leaves):
                for x in leaves)
 
 
-def size_source(og, symint):
-    """(Source of a tensor input, dim) when `symint` is exactly that input's dynamic size, else None."""
-    expr = symint.node.expr
-    if not expr.is_Symbol:
-        return None
-    for src in og.shape_env.var_to_sources.get(expr, ()):
+def python_expr(og, symbolic, ctx):
+    """A Python expression computing `symbolic` (a SymInt/SymFloat/SymBool) from the frame's inputs at run
+    time (`L[0].size(1) * 3`), or None when it depends on a value only the graph computes (an item())."""
+    from torch.utils._sympy.printers import PythonPrinter
+    expr = symbolic.node.expr
+    names = {}
+    for sym in expr.free_symbols:
+        reload = _reload_symbol(og, sym, ctx)
+        if reload is None:
+            return None
+        names[sym] = sympy.Symbol(f"({reload})")
+    text = PythonPrinter().doprint(expr.xreplace(names))
+    kind = {torch.SymInt: "int", torch.SymFloat: "float", torch.SymBool: "bool"}[type(symbolic)]
+    return f"{kind}({text})"
+
+
+def _reload_symbol(og, sym, ctx):
+    for src in og.shape_env.var_to_sources.get(sym, ()):
+        if src in og.shape_source_of:  # a number input itself
+            return og.shape_source_of[src].expr(ctx)
         base, idx = getattr(src, "base", None), getattr(src, "idx", None)
         if base in og.shape_source_of and idx is not None and "SIZE" in str(getattr(src, "prop", "")):
-            return og.shape_source_of[base], idx
+            return f"{og.shape_source_of[base].expr(ctx)}.size({idx})"
     return None
 
 

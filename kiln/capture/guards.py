@@ -10,6 +10,7 @@ keep alive what it checks, and once such an object dies no call can pass the gua
 entry's `Liveness` tells its cache to drop it.
 """
 import inspect
+import math
 import sys
 import types
 import weakref
@@ -171,7 +172,7 @@ class GuardSet:
         prologue = ["G = F.__globals__"] if any("G[" in line for line in body) else []
         src = _fn("__kiln_guard", prologue + body + ["return True"], "False")
         fail_src = _fn("__kiln_guard_failure", prologue + fail_body + ["return None"], "-1")
-        ns = dict(self.ctx.consts)
+        ns = {"math": math, **self.ctx.consts}  # the ShapeEnv's guards on float inputs call math.isnan
         exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
         failure, guards = ns["__kiln_guard_failure"], self.guards
 

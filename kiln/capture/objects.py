@@ -11,15 +11,18 @@ import operator
 import types
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from kiln.capture import interpreter as interp
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, GlobalSource, ItemSource
+from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
                                     MapIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
+                                    HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable, const, is_constant)
@@ -77,6 +80,8 @@ def const_value(v, why="a non-constant value"):
 
 def specialize(v):
     """The concrete value of a symbolic size; the shape guards then pin it."""
+    if free_unbacked_symbols(v.value):
+        raise Unsupported("a value computed from tensor data (item()) is needed in Python")
     return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v.value)](v.value)
 
 
@@ -173,6 +178,8 @@ def truth(frame, v):
     if isinstance(v, ConstantVariable):
         return bool(v.value)
     if isinstance(v, SymNodeVariable):
+        if free_unbacked_symbols(v.value):
+            raise Unsupported("branching on a value computed from tensor data (item())")
         return bool(v.value)
     if isinstance(v, TensorVariable):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)")
@@ -728,8 +735,12 @@ _NAMEDTUPLE_MACHINERY = set(collections.namedtuple("_Probe", "field").__dict__) 
 
 def getattr_var(frame, obj, name):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.var_getattr(frame, name)
     if isinstance(obj, TensorVariable):
         return _tensor_attr(og, obj, name)
+    if isinstance(obj, SymNodeVariable):  # a number's own methods (is_integer, bit_length) see its value,
+        obj = const(specialize(obj))        # which the shape guards then pin
     if isinstance(obj, ConstantVariable) and name in ("__iter__", "__reversed__"):  # `range(5).__iter__()`
         return MethodVariable(name, obj)
     if isinstance(obj, ConstantVariable):
@@ -996,6 +1007,8 @@ def _super_attr(frame, sup, name):
 
 def setattr_var(frame, obj, name, value):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.var_setattr(frame, name, value)
     if isinstance(obj, TensorVariable):  # a Python attribute on the tensor: replayed after the graph
         if inspect.getattr_static(obj.cls, name, _NO) is not _NO:
             raise Unsupported(f"setting Tensor.{name} during capture")
@@ -1090,6 +1103,10 @@ def _readonly_dict_view(frame, obj, fn):
 
 
 def _tensor_method(frame, t, name, args, kwargs):
+    if name == "item" and config.capture_scalar_outputs and not args and not kwargs:
+        # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
+        # at capture time, so a Python branch on it still breaks)
+        return frame.og.call_op("call_method", "item", [t], {})
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":
@@ -1102,6 +1119,9 @@ def call_python_function(frame, fn, args, kwargs):
     """Inline a plain Python function (existing object)."""
     if is_disabled_function(fn):
         raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}")
+    handler = BUILTIN_HANDLERS.get(fn)  # a Python function capture models instead of inlining
+    if handler is not None:
+        return handler(frame, args, kwargs)
     mod = getattr(fn, "__module__", None) or ""
     if mod.split(".")[0] in ("logging", "warnings"):
         raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)")

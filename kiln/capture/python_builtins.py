@@ -14,7 +14,7 @@ from kiln.capture.objects import (apply_operator, call, const_value, describe, d
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
                                     EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable, FunctionVariable,
-                                    GeneratorVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
+                                    GeneratorVariable, HandlerVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
                                     SetVariable,
                                     SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
@@ -23,6 +23,8 @@ from kiln.exc import Unsupported
 # ---- methods of Python containers and constants -------------------------------------------------
 def call_method(frame, obj, name, args, kwargs):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.call_method(frame, name, args, kwargs)
     if name in _ITERATION_METHODS and not args and not kwargs:  # `range(5).__iter__()`, `it.__next__()`
         return _ITERATION_METHODS[name](frame, obj)
     if isinstance(obj, ListVariable):

@@ -21,7 +21,7 @@ import weakref
 import torch
 
 from kiln import config as config_mod
-from kiln.capture import dynamic, fx_sources, torch_caches
+from kiln.capture import dynamic as dynamic_mod, fx_sources, torch_caches
 from kiln.capture.call_sites import original_code
 from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
@@ -29,6 +29,7 @@ from kiln.capture.identity_table import IdentityTable
 from kiln.capture.uninterrupted_imports import imports_not_interrupted
 from kiln.capture.sources import CodeContext
 from kiln.debug.logs import enabled, log
+from kiln.exc import FailOnRecompileLimitHit
 
 _LOCK = threading.RLock()
 _MAX_EAGER_CALLS = 16  # capture is retried this often for calls that raise before a frame runs eagerly
@@ -49,7 +50,7 @@ class CodeCache:
     def __init__(self, code, backend, fullgraph, dynamic):
         self._code = weakref.ref(code)
         self.backend, self.fullgraph, self.dynamic = backend, fullgraph, dynamic
-        self.dynamic_dims = {}  # Source -> dims whose size changed between calls (dynamic=None)
+        self.dynamism = dynamic_mod.InputDynamism(dynamic, code.co_qualname)
         self.entries = []
         self.eager_reason = None
         self.warned_limit = False
@@ -80,6 +81,11 @@ class CodeCache:
             if self.eager_reason is not None:
                 return None
             if len(self.entries) >= config_mod.config.cache_size_limit:
+                if self.fullgraph:  # fullgraph promises compiled code: no silent eager run
+                    raise FailOnRecompileLimitHit(
+                        f"{self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}) hit "
+                        f"cache_size_limit={config_mod.config.cache_size_limit} under fullgraph=True. "
+                        f"Last guard failure: {self._failure_text(F, L)}")
                 if not self.warned_limit:
                     self.warned_limit = True
                     log("perf_hints", "%s recompiled %d times; raise kiln.config.cache_size_limit or make the "
@@ -90,13 +96,12 @@ class CodeCache:
                 return None
             if self.entries:
                 self._log_recompile(F, L)
-                if self.dynamic is None and config_mod.config.automatic_dynamic_shapes:
-                    self._note_changed_sizes(F, L)
+                self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
             try:
                 with imports_not_interrupted(), fx_sources.owned() as sources:
                     try:
                         entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
-                                              self._dims_for)
+                                              self.dynamism)
                     finally:
                         torch_caches.release_finished_compiles()
                     sources.tie_to(entry)
@@ -125,26 +130,6 @@ class CodeCache:
         if entry.liveness.watches():  # weak references only: the callback must not keep either alive
             cache, kept = weakref.ref(self), weakref.ref(entry)
             entry.liveness.on_death(lambda: _discard(cache(), kept()))
-
-    def _dims_for(self, source, tensor):
-        return dynamic.dims_for(self.dynamic, self.dynamic_dims.get(source, ()), tensor, source,
-                                self.code.co_qualname)
-
-    def _note_changed_sizes(self, F, L):
-        """Automatic dynamic shapes: a size that differs from a previous entry's becomes symbolic."""
-        for entry in self.entries:
-            for source, shape in entry.input_shapes:
-                try:
-                    value = _evaluate(source, F, L)
-                except Exception:
-                    continue
-                if isinstance(value, torch.Tensor) and value.dim() == len(shape):
-                    changed = {d for d, (a, b) in enumerate(zip(value.shape, shape)) if a != b}
-                    dims = self.dynamic_dims.setdefault(source, set())
-                    if not changed <= dims:
-                        dims |= changed
-                        log("dynamic", "%s: %r size changed %s -> %s: dims %s become dynamic at the recompile",
-                            self.code.co_qualname, source, list(shape), list(value.shape), sorted(dims))
 
     def _failure_text(self, F, L):
         if not self.entries:

@@ -47,6 +47,20 @@ class Variable:
         return f"{type(self).__name__}({self.source!r})" if self.source else type(self).__name__
 
 
+class HandlerVariable(Variable):
+    """A value that answers its own attribute reads, writes and method calls (an autograd.Function's
+    ctx): objects.getattr_var, setattr_var and call_method hand those to it."""
+
+    def var_getattr(self, frame, name):
+        raise Unsupported(f"attribute {name!r} of {type(self).__name__}")
+
+    def var_setattr(self, frame, name, value):
+        raise Unsupported(f"setting attribute {name!r} of {type(self).__name__}")
+
+    def call_method(self, frame, name, args, kwargs):
+        raise Unsupported(f"method {name} of {type(self).__name__}")
+
+
 class NullVariable(Variable):
     """The NULL slot of a call with no bound self (PUSH_NULL, LOAD_GLOBAL / LOAD_ATTR with the low bit);
     below the callable on 3.11/3.12, above it on 3.13 (bytecode_facts.NULL_AFTER_CALLABLE)."""
@@ -104,13 +118,14 @@ class TensorVariable(Variable):
 
 
 class SymNodeVariable(Variable):
-    """A symbolic size (SymInt) computed in the graph from a dynamic dimension."""
+    """A symbolic number (SymInt, SymFloat or SymBool) in the graph: a dynamic size, a number input
+    made symbolic, an item() under capture_scalar_outputs, or arithmetic on those."""
 
     def __init__(self, node, value):
         self.node, self.value = node, value
 
     def python_type(self):
-        return int if isinstance(self.value, torch.SymInt) else float
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(self.value)]
 
     def __repr__(self):
         return f"Sym({self.value})"

@@ -152,12 +152,17 @@ def _symbolic_example_values(gm):
     shapes): tracing those, not the real inputs, keeps the graph valid for every size capture
     will call it with. None when all sizes are static."""
     values = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
-    symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, FakeTensor) and _has_symbols(v))
-                   for v in values)
+    symbolic = any(is_symbolic(v) for v in values)
     if not symbolic or any(v is None for v in values):
         return None
     # detached: functionalization writes mutated inputs back, which a leaf requiring grad refuses
     return [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def is_symbolic(value):
+    """A symbolic number input (an int or float capture made symbolic), or a fake tensor with
+    symbolic sizes: tracing must use it, not the real value, to serve every value."""
+    return isinstance(value, (torch.SymInt, torch.SymFloat)) or (isinstance(value, FakeTensor) and _has_symbols(value))
 
 
 def _has_symbols(t):
@@ -270,7 +275,7 @@ def _shape(x):
 def _tracing_mode(example_inputs):
     """"symbolic" when the inputs carry symbolic sizes (capture's fake example values)."""
     for x in example_inputs:
-        if isinstance(x, torch.SymInt) or (isinstance(x, FakeTensor) and _has_symbols(x)):
+        if is_symbolic(x):
             return "symbolic"
     return "fake"
 
