@@ -5,17 +5,21 @@ the frame produced (return value, or the live stack and locals at a graph break)
 effects, and at a break runs the breaking construct natively and tail-calls the resume function
 through the runtime. Generated as Python source so KILN_LOGS=bytecode shows something readable.
 """
+import collections
+import functools
 import inspect
 import types
 
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
-from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictVariable,
+                                    ExitVariable,
                                     FreshObjectVariable, GeneratorVariable, GradModeExit,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable, TupleVariable)
+                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable,
+                                    TupleVariable)
 from kiln.capture.graph_builder import size_source
-from kiln.capture.objects import specialize
+from kiln.capture.objects import key_var, specialize
 from kiln.exc import Unsupported
 
 _LITERAL_TYPES = (int, bool, str, type(None), bytes)
@@ -82,8 +86,12 @@ class Glue:
             return var.source.expr(self.ctx) if var.source is not None else self.const(var.value, "OBJ")
         if isinstance(var, (ListVariable, DictVariable, SetVariable)) and var.source is not None:
             return var.source.expr(self.ctx)
+        if isinstance(var, DequeVariable):
+            body = "[" + ", ".join(self.value(i) for i in var.items) + "]"
+            return f"{self.const(collections.deque, 'DEQUE')}({body}, {var.maxlen!r})"
         if isinstance(var, ListVariable):
             body = "[" + ", ".join(self.value(i) for i in var.items) + "]"
+            self._set_attributes(name, {}, DictVariable(var.attrs))
             return body if var.cls is list else f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, TupleVariable):
             items = ", ".join(self.value(i) for i in var.items)
@@ -98,7 +106,7 @@ class Glue:
             args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())
             return f"{self.const(var.cls, 'CLS')}({args})"
         if isinstance(var, DictVariable):
-            body = "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in var.items.items()) + "}"
+            body = "{" + ", ".join(f"{self.value(key_var(k))}: {self.value(v)}" for k, v in var.items.items()) + "}"
             if var.cls is dict:
                 return body
             factory = getattr(var, "default_factory", None)
@@ -126,9 +134,18 @@ class Glue:
             closure = "(" + "".join(self.value(c) + ", " for c in var.closure) + ")" if var.closure else "None"
             fn = (f"{self.const(types.FunctionType, 'FN')}({self.const(var.code, 'CODE')}, "
                   f"{self.const(var.f_globals, 'GD')}, {var.name.rsplit('.', 1)[-1]!r}, {defaults}, {closure})")
+            fn_attrs = dict(var.slots)
             if var.kwdefaults is not None:
-                self._deferred.append(lambda: f"{name}.__kwdefaults__ = {self.value(var.kwdefaults)}")
+                fn_attrs["__kwdefaults__"] = var.kwdefaults
+            if "__qualname__" not in fn_attrs and "." in var.name:
+                fn_attrs["__qualname__"] = ConstantVariable(var.name)
+            self._set_attributes(name, fn_attrs, var.attrs)
             return fn
+        if isinstance(var, PartialVariable):
+            parts = [self.value(var.func)] + [self.value(a) for a in var.args] + \
+                [f"**{self.value(var.keywords)}"]
+            self._set_attributes(name, {}, var.attrs)
+            return f"{self.const(functools.partial, 'PARTIAL')}({', '.join(parts)})"
         if isinstance(var, MethodVariable):
             obj = self.value(var.obj)
             if isinstance(var.fn, str):
@@ -136,6 +153,14 @@ class Glue:
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
+
+    def _set_attributes(self, name, attrs, instance_dict):
+        """After all values exist: set the attributes `attrs` (name -> Variable) of the object `name`,
+        and fill its __dict__ from `instance_dict` (a DictVariable), unless both are empty."""
+        if attrs:
+            self._deferred.append(lambda: "; ".join(f"{name}.{k} = {self.value(v)}" for k, v in attrs.items()))
+        if instance_dict.items:
+            self._deferred.append(lambda: f"{name}.__dict__.update({self.value(instance_dict)})")
 
     def _unstarted_generator(self, var):
         """A generator not run yet (made just before a break): call its function again, natively."""
@@ -164,7 +189,9 @@ class Glue:
         todo = []  # (format with {} for the value, value Variable)
         for container in se.mutated:
             target = container.source.expr(self.ctx)
-            if isinstance(container, ListVariable):
+            if isinstance(container, DequeVariable):  # a deque has no slice assignment
+                todo.append((f"__q = {target}; __q.clear(); __q.extend({{}})", ListVariable(container.items)))
+            elif isinstance(container, ListVariable):
                 todo.append((f"{target}[:] = {{}}", ListVariable(container.items)))
             elif isinstance(container, SetVariable):  # in place, so the set keeps its own table
                 todo.append((f"__s = {target}; __n = {{}}; __s -= __s - __n; __s |= __n",

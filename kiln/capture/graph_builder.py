@@ -24,7 +24,7 @@ from kiln.capture.guards import GuardSet
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import AttrSource, GlobalSource, ItemSource
-from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
+from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
                                     SliceVariable, SymNodeVariable, TensorVariable, TupleVariable, is_constant)
 import torch._guards
 from kiln.exc import Unsupported
@@ -146,11 +146,22 @@ class OutputGraph:
             if type(value) is list:
                 return ListVariable(items, source)
             return TupleVariable(items, source, type(value))
-        if type(value) in (dict, collections.OrderedDict) and all(type(k) in (str, int) for k in value):
+        if type(value) is collections.deque:
+            if g:
+                g.len_match(source, value)
+                g.add(source, f"v.maxlen == {value.maxlen!r}", f"{source!r}.maxlen == {value.maxlen!r}")
+            items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
+            return DequeVariable(items, source, value.maxlen)
+        if type(value) in _DICT_TYPES and all(_stable_key(k) for k in value):
             if g:
                 g.keys_match(source, value)
-            items = {k: self.wrap(v, ItemSource(source, k) if source else None, guard) for k, v in value.items()}
-            return DictVariable(items, source, type(value))
+            items = {k: self.wrap(dict.__getitem__(value, k), ItemSource(source, k) if source else None, guard)
+                     for k in value}
+            d = DictVariable(items, source, type(value))
+            if type(value) is collections.defaultdict:
+                d.default_factory = self.wrap(value.default_factory,
+                                              AttrSource(source, "default_factory") if source else None, guard)
+            return d
         if _is_numpy_scalar(value):  # torch treats them as Python numbers: guard the value, fold the number
             if g:
                 g.const_match(source, value)
@@ -390,6 +401,16 @@ def shape_guards(og):
                 if isinstance(size, int) or size.node.expr.is_number:
                     guards.append(f"{source.name}.size()[{d}] == {int(size)}")
     return guards
+
+
+_DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+
+
+def _stable_key(k):
+    """A dict key a guard can compare by value (or identity, for classes and enum members)."""
+    if type(k) in (str, int, bytes, float, bool, type(None)) or isinstance(k, (type, enum.Enum)):
+        return True
+    return type(k) is tuple and all(_stable_key(i) for i in k)
 
 
 def _is_numpy_scalar(value):

@@ -378,7 +378,7 @@ class Frame:
 
     def DELETE_SUBSCR(self, inst):
         key, obj = self.pop(), self.pop()
-        objects.call_method(self, obj, "__delitem__", [key], {})
+        objects.delitem(self, obj, key)
 
     def BUILD_SLICE(self, inst):
         parts = self.popn(inst.arg)
@@ -521,10 +521,11 @@ class Frame:
     def MAKE_FUNCTION(self, inst):
         code = self.pop().value
         closure = self.pop().items if inst.arg & 0x08 else None
-        self.pop() if inst.arg & 0x04 else None  # annotations
+        annotations = objects.annotations_dict(self.pop()) if inst.arg & 0x04 else None
         kwdefaults = self.pop() if inst.arg & 0x02 else None
         defaults = self.pop() if inst.arg & 0x01 else None
-        self.push(FunctionVariable(code, self.f_globals, code.co_qualname, defaults, kwdefaults, closure))
+        self.push(FunctionVariable(code, self.f_globals, code.co_qualname, defaults, kwdefaults, closure,
+                                   annotations))
 
     # ---- control flow ---------------------------------------------------------------------------
     def jump(self, inst):

@@ -19,13 +19,41 @@ from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
                                     DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
-                                    TensorVariable, TupleVariable, const, is_constant)
+                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
+                                    TensorKey, TensorVariable, TupleVariable, const, is_constant)
 from kiln.exc import Unsupported
 
 _STATEFUL_WORDS = ("seed", "set_", "rng", "manual", "deterministic", "synchronize", "empty_cache", "save",
                    "load", "print", "register", "backward", "_log_api_usage")
 _MODULE_MOD = torch.nn.modules.module
+
+
+class TypeModel:
+    """How capture handles the existing instances of one library type whose behaviour is C code
+    (os.environ, a bound builtin method): calls, attribute reads, method calls, and the protocols
+    (`[k]`, `in`, `len`, iteration) as calls of their dunder methods. Modules that model a type register
+    it in TYPE_MODELS, so this module never imports them."""
+
+    def call(self, frame, var, args, kwargs):
+        raise Unsupported(f"call to {describe(var)} (not Python code kiln can follow)")
+
+    def attribute(self, frame, var, name):
+        return _object_attr(frame, var, name)
+
+    def call_method(self, frame, var, name, args, kwargs):
+        raise Unsupported(f"method {name} of {describe(var)} is not modelled")
+
+    def set_attribute(self, frame, var, name, value):
+        raise Unsupported(f"setting attribute {name!r} on {describe(var)}")
+
+
+TYPE_MODELS = {}  # type of an existing object -> TypeModel
+VARIABLE_MODELS = {}  # a Variable class modelled in its own module (function_objects.py) -> TypeModel
+
+
+def model_of(v):
+    """The TypeModel of an existing object's type, or None."""
+    return TYPE_MODELS.get(type(v.value)) if isinstance(v, ObjectVariable) else None
 
 
 def describe(v):
@@ -57,6 +85,8 @@ def const_value(v, why="a non-constant value"):
         vals = [const_value(i, why) for i in v.items]
         return v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
     if isinstance(v, DictVariable):
+        if any(isinstance(k, TensorKey) for k in v.items):
+            raise Unsupported(f"{why}: a dict with tensor keys")
         return {k: const_value(i, why) for k, i in v.items.items()}
     if isinstance(v, SetVariable):
         return {const_value(i, why) for i in v.items}
@@ -77,9 +107,20 @@ def specialize(v):
 
 
 def dict_key(k):
+    """The key a DictVariable stores for the key Variable `k` (see key_var)."""
+    if isinstance(k, TensorVariable):
+        return TensorKey(k)
     value = const_value(k, "dict key")
-    hash(value)
+    try:
+        hash(value)
+    except TypeError as e:
+        raise Unsupported(f"unhashable dict key: {e}", python_exception=e) from e
     return value
+
+
+def key_var(key):
+    """The Variable of a key a DictVariable stores."""
+    return key.var if isinstance(key, TensorKey) else const(key)
 
 
 def set_key(v):
@@ -114,6 +155,12 @@ def set_update(frame, target, v):
     target.keys.update(real)
     for k in real:
         target.vars.setdefault(k, by_key[k])
+
+
+def annotations_dict(v):
+    """MAKE_FUNCTION's annotations (a flat tuple name, value, name, value, ...) as a DictVariable."""
+    items = v.items if isinstance(v, TupleVariable) else [const(x) for x in const_value(v)]
+    return DictVariable({const_value(k): val for k, val in zip(items[::2], items[1::2])})
 
 
 def make_tuple(items):
@@ -174,12 +221,15 @@ def truth(frame, v):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)")
     if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         return bool(v.items)
-    if isinstance(v, (FunctionVariable, MethodVariable, IteratorVariable, GeneratorVariable, CellVariable)):
+    if isinstance(v, (FunctionVariable, MethodVariable, IteratorVariable, GeneratorVariable, CellVariable,
+                      PartialVariable)):
         return True
     if isinstance(v, FreshObjectVariable):
         if _python_dunder(v.cls, "__bool__") or _python_dunder(v.cls, "__len__"):
             raise Unsupported("truth of an object with a Python __bool__/__len__")
         return True
+    if (model := model_of(v)) is not None and hasattr(type(v.value), "__len__"):
+        return truth(frame, model.call_method(frame, v, "__len__", [], {}))
     if isinstance(v, ObjectVariable):
         value = v.value
         if isinstance(value, torch.nn.Module):
@@ -205,12 +255,24 @@ def _python_dunder(cls, name):
     return isinstance(attr, types.FunctionType)
 
 
+def delitem(frame, obj, key):
+    own = own_dunder(obj, "__delitem__")
+    if own is not None:
+        call(frame, own, [key], {})
+    else:
+        call_method(frame, obj, "__delitem__", [key], {})
+
+
 def contains(frame, container, item):
+    if (own := own_dunder(container, "__contains__")) is not None:
+        return truth(frame, call(frame, own, [item], {}))
     if isinstance(container, TensorVariable) or isinstance(item, TensorVariable) and \
             not isinstance(container, (ListVariable, TupleVariable, SetVariable)):  # a set: by identity
         raise Unsupported("`in` on a tensor's data")
     if isinstance(container, DictVariable):
         return dict_key(item) in container.items
+    if (model := model_of(container)) is not None:
+        return truth(frame, model.call_method(frame, container, "__contains__", [item], {}))
     if isinstance(container, SetVariable):
         return set_key(item) in container.keys
     if isinstance(container, (ListVariable, TupleVariable)):
@@ -278,6 +340,8 @@ def apply_operator(frame, op, args):
                 isinstance(b, ConstantVariable) and type(b.value) is int:
             items = a.items * b.value
             return ListVariable(items) if isinstance(a, ListVariable) else _tuple_like([a], items)
+        if op in (operator.or_, operator.ior) and isinstance(a, DictVariable) and isinstance(b, DictVariable):
+            return call_method(frame, a, "__ior__" if op is operator.ior else "__or__", [b], {})
         if op in (operator.eq, operator.ne) and (_python_eq(a) or _python_eq(b)):
             return _user_equality(frame, op, a, b)
         if op in (operator.eq, operator.ne):
@@ -389,9 +453,11 @@ _DUNDERS = {operator.add: "__add__", operator.sub: "__sub__", operator.mul: "__m
 # ---- items --------------------------------------------------------------------------------------
 def getitem(frame, obj, key):
     og = frame.og
+    if (own := own_dunder(obj, "__getitem__")) is not None:
+        return call(frame, own, [key], {})
     if isinstance(obj, TensorVariable):
         return og.call_op("call_function", operator.getitem, [obj, key], {})
-    if isinstance(key, TensorVariable):
+    if isinstance(key, TensorVariable) and not isinstance(obj, DictVariable):  # a dict: keyed by identity
         raise Unsupported("indexing a Python container with a tensor")
     if isinstance(obj, (ListVariable, TupleVariable)):
         k = const_value(key, "index")
@@ -412,8 +478,12 @@ def getitem(frame, obj, key):
                 obj.items[k] = call(frame, factory, [], {})
                 frame.og.side_effects.mark_mutated(obj)
                 return obj.items[k]
+            if _python_dunder(obj.cls, "__missing__"):  # Counter, a dict subclass's own default
+                return call(frame, getattr_var(frame, obj, "__missing__"), [key], {})
             raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         return obj.items[k]
+    if (model := model_of(obj)) is not None:
+        return model.call_method(frame, obj, "__getitem__", [key], {})
     if isinstance(obj, ConstantVariable):
         try:
             return result_var(og, obj.value[const_value(key, "index")])
@@ -449,6 +519,9 @@ def _child(og, mod_var, name):
 
 def setitem(frame, obj, key, value):
     og = frame.og
+    if (own := own_dunder(obj, "__setitem__")) is not None:
+        call(frame, own, [key, value], {})
+        return
     if isinstance(obj, TensorVariable):
         og.call_op("call_function", operator.setitem, [obj, key, value], {})
         return
@@ -466,15 +539,20 @@ def setitem(frame, obj, key, value):
             obj.fields[dict_key(key)] = value
         og.side_effects.mark_mutated(obj)
         return
+    if (model := model_of(obj)) is not None:
+        model.call_method(frame, obj, "__setitem__", [key, value], {})
+        return
     raise Unsupported(f"item assignment on {describe(obj)}")
 
 
 # ---- iteration ----------------------------------------------------------------------------------
 def unpack_iterable(frame, v):
+    if (own := own_dunder(v, "__iter__")) is not None:
+        return unpack_iterable(frame, call(frame, own, [], {}))
     if isinstance(v, (ListVariable, TupleVariable, SetVariable)):
         return list(v.items)
     if isinstance(v, DictVariable):
-        return [const(k) for k in v.items]
+        return [key_var(k) for k in v.items]
     if isinstance(v, IteratorVariable):
         items = v.items[v.pos:]
         v.pos = len(v.items)
@@ -501,6 +579,8 @@ def unpack_iterable(frame, v):
         if isinstance(mod, torch.nn.ParameterList):
             frame.og.guards.keys_match(AttrSource(v.source, "_parameters"), mod._parameters)
             return [og_param(frame.og, v, k) for k in mod._parameters]
+    if (model := model_of(v)) is not None:
+        return unpack_iterable(frame, model.call_method(frame, v, "__iter__", [], {}))
     if isinstance(v, ObjectVariable) and not v.opaque and isinstance(v.value, (types.MappingProxyType, type({}.keys()),
                                                                                 type({}.values()), type({}.items()))):
         return [result_var(frame.og, x) for x in v.value]  # views of objects known by value
@@ -521,14 +601,18 @@ def get_iter(frame, v):
 
 
 def dict_items(frame, v):
+    """The items of a mapping unpacked by ** (key -> Variable)."""
     if isinstance(v, DictVariable):
         return dict(v.items)
     if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
         return {k: const(x) for k, x in v.value.items()}
+    if is_mapping_object(v):
+        return mapping_items(frame, v)
     raise Unsupported(f"** over {describe(v)}")
 
 
 # ---- attributes ---------------------------------------------------------------------------------
+_BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes)
 _TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 
 
@@ -541,6 +625,8 @@ def getattr_var(frame, obj, name):
             return result_var(og, getattr(obj.value, name))
         except AttributeError as e:
             raise Unsupported(f"AttributeError: {e}") from e
+    if (model := VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.attribute(frame, obj, name)
     if isinstance(obj, DataDictVariable):
         if name in obj.fields:
             return obj.fields[name]
@@ -555,6 +641,10 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         if name in ("__class__",):
             return og.wrap(obj.python_type(), None, guard=False)
+        if name == "default_factory" and hasattr(obj, "default_factory"):
+            return obj.default_factory
+        if name in obj.attrs:
+            return obj.attrs[name]
         cls = obj.python_type()
         if cls not in (list, tuple, dict, set) and not hasattr(cls, "_fields"):
             defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
@@ -571,14 +661,12 @@ def getattr_var(frame, obj, name):
         return _class_attr(frame, obj, obj.cls, name)
     if isinstance(obj, SuperVariable):
         return _super_attr(frame, obj, name)
-    if isinstance(obj, FunctionVariable):
-        if name in ("__name__", "__qualname__"):
-            return const(obj.name)
-        raise Unsupported(f"attribute {name} of a nested function")
     if isinstance(obj, ObjectVariable):
         stored = og.side_effects.load_attr(obj.value, name)
         if stored is not None:
             return stored
+        if (model := model_of(obj)) is not None:
+            return model.attribute(frame, obj, name)
         return _object_attr(frame, obj, name)
     if isinstance(obj, GradModeVariable) and name in ("__enter__", "__exit__"):
         raise Unsupported("explicit __enter__/__exit__ calls")
@@ -686,12 +774,17 @@ def _class_attr(frame, obj, cls, name):
         return call(frame, MethodVariable(raw.fget, obj), [], {})
     if isinstance(raw, functools.cached_property):
         raise Unsupported("functools.cached_property")
+    if isinstance(raw, (types.MethodDescriptorType, types.WrapperDescriptorType)) and \
+            raw.__objclass__ in _BUILTIN_CONTAINERS:
+        return MethodVariable(raw, obj)  # a method of dict/list/...: modelled (library_models), not a new object each read
     if isinstance(obj, ObjectVariable) and obj.source is not None:
         value = getattr(obj.value, name)
         if isinstance(value, types.MethodType) and value.__self__ is obj.value:
             return MethodVariable(value.__func__, obj)
         return og.wrap(value, AttrSource(obj.source, name))
     if hasattr(type(raw), "__get__") and not isinstance(raw, (types.BuiltinFunctionType,)):
+        if type(raw) in TYPE_MODELS and not hasattr(type(raw), "__set__"):
+            return MethodVariable(raw, obj)  # a modelled callable that binds like a function (an lru_cache'd method)
         if isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
             return MethodVariable(raw, obj)
         if isinstance(raw, (types.MemberDescriptorType, types.GetSetDescriptorType)) and isinstance(obj, ObjectVariable):
@@ -724,6 +817,13 @@ def _super_attr(frame, sup, name):
 
 def setattr_var(frame, obj, name, value):
     og = frame.og
+    if (model := VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.set_attribute(frame, obj, name, value)
+    if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)) and \
+            obj.python_type() not in _BUILTIN_CONTAINER_TYPES and hasattr(obj.python_type(), "__dict__") and \
+            "__slots__" not in vars(obj.python_type()):
+        obj.attrs[name] = value  # an instance of a list/tuple/dict subclass has a __dict__
+        return None
     if isinstance(obj, FreshObjectVariable):
         if _python_dunder(obj.cls, "__setattr__"):
             raise Unsupported("a class with its own __setattr__")
@@ -768,6 +868,8 @@ def call(frame, fn, args, kwargs):
         return const(None)
     if isinstance(fn, (ObjectVariable, ConstantVariable)):
         return _call_value(frame, fn, args, kwargs)
+    if (model := VARIABLE_MODELS.get(type(fn))) is not None:
+        return model.call(frame, fn, args, kwargs)
     raise Unsupported(f"calling {describe(fn)}")
 
 
@@ -959,8 +1061,7 @@ def _call_value(frame, fn_var, args, kwargs):
         return _call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
         return _construct(frame, fn_var, fn, args, kwargs)
-    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") or \
-            (isinstance(fn, types.BuiltinFunctionType) and isinstance(getattr(fn, "__self__", None), (str, int, float, tuple, bytes))):
+    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath"):
         if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
             if getattr(fn, "__module__", None) in ("operator", "_operator"):
                 return apply_operator(frame, fn, list(args))
@@ -988,6 +1089,8 @@ def _call_value(frame, fn_var, args, kwargs):
     call_attr = inspect.getattr_static(type(fn), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         return call_python_function(frame, call_attr, [fn_var] + list(args), kwargs)
+    if (model := TYPE_MODELS.get(type(fn))) is not None:
+        return model.call(frame, fn_var, args, kwargs)
     raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)")
 
 
@@ -1039,12 +1142,8 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return TupleVariable([values[f] for f in cls._fields], cls=cls)
     if _is_model_output(cls):
         return _model_output(frame, cls, args, kwargs)
-    if _plain_container_subclass(cls, list):
-        return ListVariable(unpack_iterable(frame, args[0]) if args else [], cls=cls)
-    if _plain_container_subclass(cls, dict):
-        d = build_dict(frame, args, kwargs)
-        d.cls = cls
-        return d
+    if _container_subclass(cls, list) or _container_subclass(cls, dict):
+        return _construct_container(frame, cls, args, kwargs)
     if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
         raise Unsupported(f"constructing {cls.__qualname__}")
     if cls.__new__ is not object.__new__ or _python_dunder(cls, "__setattr__"):
@@ -1058,15 +1157,39 @@ def _construct(frame, cls_var, cls, args, kwargs):
     return obj
 
 
-def _plain_container_subclass(cls, base):
-    """A subclass of list/dict that only adds methods: construction and storage are the base's."""
-    if not issubclass(cls, base) or cls is base:
+def _container_subclass(cls, base):
+    """A subclass of list/dict whose storage is the base's: its own Python methods (an __init__, a
+    __getitem__) run over a ListVariable/DictVariable of the subclass (see own_dunder)."""
+    if not issubclass(cls, base) or cls is base or cls.__new__ is not base.__new__:
         return False
-    for name in ("__new__", "__init__", "__setitem__", "__getitem__", "__delitem__", "__iter__", "__len__",
-                 "__contains__", "__setattr__", "__getattribute__"):
-        if _python_dunder(cls, name):
-            return False
-    return True
+    return not any(_python_dunder(cls, name) for name in ("__new__", "__setattr__", "__getattribute__"))
+
+
+def _construct_container(frame, cls, args, kwargs):
+    """`cls(*args, **kwargs)` for a list or dict subclass: an empty container of the subclass, then its
+    __init__ (the subclass's own Python one, or the base's)."""
+    var = ListVariable([], cls=cls) if issubclass(cls, list) else DictVariable({}, cls=cls)
+    init = inspect.getattr_static(cls, "__init__", None)
+    if isinstance(init, types.FunctionType):
+        call_python_function(frame, init, [var] + list(args), kwargs)
+    else:
+        call_method(frame, var, "__init__", list(args), kwargs)
+    return var
+
+
+_BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)
+
+
+def own_dunder(v, name):
+    """A container Variable of a subclass whose class defines `name` in Python (Counter.__missing__, a
+    list subclass's __getitem__): that method, bound to `v`; else None."""
+    if not isinstance(v, (ListVariable, DictVariable, SetVariable, TupleVariable)) or isinstance(v, DataDictVariable):
+        return None  # (a ModelOutput is modelled as a whole)
+    cls = v.python_type()
+    if cls in _BUILTIN_CONTAINER_TYPES or not issubclass(cls, (list, dict, set, tuple)) or \
+            not _python_dunder(cls, name):
+        return None
+    return MethodVariable(inspect.getattr_static(cls, name), v)
 
 
 def _is_model_output(cls):
@@ -1159,4 +1282,5 @@ def call_module(frame, mod_var, args, kwargs):
 
 
 # container methods and builtins live in python_builtins (they call back into this module)
-from kiln.capture.python_builtins import BUILTIN_HANDLERS, build_dict, builtin_len, call_method  # noqa: E402
+from kiln.capture.python_builtins import (BUILTIN_HANDLERS, builtin_len, call_method, is_mapping_object,  # noqa: E402
+                                          mapping_items)

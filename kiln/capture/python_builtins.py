@@ -10,10 +10,11 @@ import operator
 import torch
 
 from kiln.capture.objects import (apply_operator, call, const_value, describe, dict_items, dict_key, fold_natively,
-                                  get_iter, getattr_var, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
+                                  get_iter, getattr_var, getitem, is_same, key_var, make_tuple, model_of, new_set, own_dunder,
+                                  VARIABLE_MODELS, python_dunder, set_add, set_key, set_update,
                                   setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
-                                    GeneratorVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
+                                    GeneratorVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable, PartialVariable,
                                     SetVariable,
                                     SuperVariable, TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
@@ -22,25 +23,14 @@ from kiln.exc import Unsupported
 # ---- methods of Python containers and constants -------------------------------------------------
 def call_method(frame, obj, name, args, kwargs):
     og = frame.og
+    if (model := model_of(obj) or VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.call_method(frame, obj, name, args, kwargs)
     if isinstance(obj, ListVariable):
-        return _list_method(frame, obj, name, args, kwargs)
+        return call_list_method(frame, obj, name, args, kwargs)
     if isinstance(obj, DictVariable):
         return _dict_method(frame, obj, name, args, kwargs)
-    if isinstance(obj, SetVariable) and name in ("add", "update", "discard", "remove", "clear"):
-        if name == "add":
-            set_add(obj, [args[0]])
-        elif name == "update":
-            for a in args:
-                set_update(frame, obj, a)
-        elif name == "clear":
-            obj.clear()
-        else:
-            key = set_key(args[0])
-            if name == "remove" and key not in obj.keys:
-                raise Unsupported(f"KeyError {key!r}", python_exception=KeyError(key))
-            obj.discard(key)
-        og.side_effects.mark_mutated(obj)
-        return const(None)
+    if isinstance(obj, SetVariable):
+        return _set_method(frame, obj, name, args, kwargs)
     if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
         fields = dict(zip(obj.cls._fields, obj.items))
         if name == "_asdict":
@@ -51,9 +41,8 @@ def call_method(frame, obj, name, args, kwargs):
         return TupleVariable(list(fields.values()), cls=obj.cls)
     if isinstance(obj, TupleVariable) and obj.cls is torch.Size and name == "numel":
         return _b_prod(frame, [obj], {})  # symbolic sizes stay symbolic
-    if isinstance(obj, (TupleVariable, SetVariable)):
-        if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
-                    "intersection", "difference"):
+    if isinstance(obj, TupleVariable):
+        if name in ("index", "count", "__len__", "__contains__", "__getitem__"):
             if name == "__getitem__":
                 return getitem(frame, obj, args[0])
             return fold_natively(og, getattr(const_value(obj), name), args, kwargs)
@@ -65,10 +54,70 @@ def call_method(frame, obj, name, args, kwargs):
     raise Unsupported(f"method {name} of {describe(obj)}")
 
 
-def _list_method(frame, lst, name, args, kwargs):
+_SET_MUTATORS = {"pop", "difference_update", "intersection_update", "symmetric_difference_update"}
+
+
+def _set_method(frame, s, name, args, kwargs):
+    """A set method: add/update/discard/remove/clear item by item; any other runs natively on the real
+    key sets (set_key), so its result and iteration order are CPython's own."""
+    og = frame.og
+    if name in ("add", "update", "discard", "remove", "clear"):
+        if name == "add":
+            set_add(s, [args[0]])
+        elif name == "update":
+            for a in args:
+                set_update(frame, s, a)
+        elif name == "clear":
+            s.clear()
+        else:
+            key = set_key(args[0])
+            if name == "remove" and key not in s.keys:
+                raise Unsupported(f"KeyError {key!r}", python_exception=KeyError(key))
+            s.discard(key)
+        og.side_effects.mark_mutated(s)
+        return const(None)
+    method = getattr(set, name, None)
+    if method is None or kwargs or name in ("__iter__", "__reversed__", "__init__", "__new__"):
+        raise Unsupported(f"set.{name}")
+    by_key = dict(s.vars)
+    native_args = [_set_keys(frame, a, by_key) if name != "__contains__" else set_key(a) for a in args]
+    try:
+        result = method(s.keys, *native_args)
+    except KeyError as e:
+        raise Unsupported(f"set.{name} raised KeyError", python_exception=e) from e
+    if name in _SET_MUTATORS:
+        s.vars = {k: by_key[k] for k in s.keys}
+        og.side_effects.mark_mutated(s)
+        return by_key[result] if name == "pop" else const(None)
+    if isinstance(result, (set, frozenset)):
+        return SetVariable([(k, by_key[k]) for k in result], keys=set(result))
+    return const(result)
+
+
+def _set_keys(frame, v, by_key):
+    """A set operation's argument as real keys; records the Variable of each new key in `by_key`."""
+    if isinstance(v, SetVariable):
+        for k, var in v.vars.items():
+            by_key.setdefault(k, var)
+        return v.keys
+    if isinstance(v, ConstantVariable) and isinstance(v.value, (set, frozenset)):
+        for k in v.value:
+            by_key.setdefault(k, const(k))
+        return v.value  # the set itself: CPython merges a set's table, which can order the result differently
+    items = unpack_iterable(frame, v)
+    keys = []
+    for item in items:
+        k = set_key(item)
+        by_key.setdefault(k, item)
+        keys.append(k)
+    return keys
+
+
+def call_list_method(frame, lst, name, args, kwargs):
+    """The builtin list method `name` on a ListVariable (of list or a subclass)."""
     og = frame.og
     mutating = name in ("append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort", "__setitem__",
-                        "__delitem__")
+                        "__delitem__", "__init__")
     if name == "append":
         lst.items.append(args[0])
         result = const(None)
@@ -90,6 +139,9 @@ def _list_method(frame, lst, name, args, kwargs):
         result = const(None)
     elif name == "copy":
         return ListVariable(lst.items)
+    elif name == "__init__":  # list.__init__ on an existing list refills it
+        lst.items[:] = unpack_iterable(frame, args[0]) if args else []
+        result = const(None)
     elif name in ("index", "count", "__len__", "__contains__"):
         return fold_natively(og, getattr(const_value(lst), name), args, kwargs)
     elif name == "__getitem__":
@@ -130,25 +182,34 @@ def _list_method(frame, lst, name, args, kwargs):
 def _dict_method(frame, d, name, args, kwargs):
     og = frame.og
     if name == "keys":
-        return ListVariable([const(k) for k in d.items])
+        return ListVariable([key_var(k) for k in d.items])
     if name == "values":
         return ListVariable(list(d.items.values()))
     if name == "items":
-        return ListVariable([TupleVariable([const(k), v]) if not isinstance(v, ConstantVariable)
-                             else const((k, v.value)) for k, v in d.items.items()])
+        return ListVariable([make_tuple([key_var(k), v]) for k, v in d.items.items()])
+    if name == "__iter__":
+        return IteratorVariable([key_var(k) for k in d.items])
     if name in ("get", "__getitem__"):
         k = dict_key(args[0])
         if k in d.items:
             return d.items[k]
         if name == "__getitem__":
-            raise Unsupported(f"KeyError {k!r}")
+            raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         return args[1] if len(args) > 1 else const(None)
     if name == "__contains__":
         return const(dict_key(args[0]) in d.items)
     if name == "__len__":
         return const(len(d.items))
     if name == "copy":
-        return DictVariable(d.items, cls=d.cls)
+        copied = DictVariable(d.items, cls=d.cls)
+        if hasattr(d, "default_factory"):
+            copied.default_factory = d.default_factory
+        return copied
+    if name == "__or__":
+        merged = _dict_method(frame, d, "copy", [], {}) if d.cls in (dict, collections.OrderedDict,
+                                                                      collections.defaultdict) else DictVariable(d.items)
+        merged.items.update(mapping_items(frame, args[0]))
+        return merged
     if name == "move_to_end" and d.cls is collections.OrderedDict:
         k = dict_key(args[0])
         last = const_value(args[1]) if len(args) > 1 else const_value(kwargs.get("last", const(True)))
@@ -156,38 +217,71 @@ def _dict_method(frame, d, name, args, kwargs):
         d.items = {k: value, **d.items} if not last else {**d.items, k: value}
         og.side_effects.mark_mutated(d)
         return const(None)
-    if name in ("__setitem__", "update", "pop", "setdefault", "clear", "__delitem__", "popitem"):
+    if name in ("__setitem__", "update", "__init__", "__ior__", "pop", "setdefault", "clear", "__delitem__",
+                "popitem"):
         og.side_effects.mark_mutated(d)
-        if name == "__setitem__":
-            d.items[dict_key(args[0])] = args[1]
-            return const(None)
-        if name == "update":
-            for a in args:
-                d.items.update(dict_items(frame, a))
-            d.items.update(kwargs)
-            return const(None)
-        if name == "pop":
-            k = dict_key(args[0])
-            if k in d.items:
-                return d.items.pop(k)
-            if len(args) > 1:
-                return args[1]
-            raise Unsupported(f"KeyError {k!r}")
-        if name == "setdefault":
-            k = dict_key(args[0])
-            if k not in d.items:
-                d.items[k] = args[1] if len(args) > 1 else const(None)
-            return d.items[k]
-        if name == "clear":
-            d.items.clear()
-            return const(None)
-        if name == "__delitem__":
-            k = dict_key(args[0])
-            if k not in d.items:
-                raise Unsupported(f"KeyError {k!r}")
-            del d.items[k]
-            return const(None)
+        return _dict_mutation(frame, d, name, args, kwargs)
     raise Unsupported(f"dict.{name}")
+
+
+def _dict_mutation(frame, d, name, args, kwargs):
+    if name == "__setitem__":
+        d.items[dict_key(args[0])] = args[1]
+        return const(None)
+    if name in ("update", "__init__", "__ior__"):  # dict.__init__ on an existing dict updates it
+        for a in args:
+            d.items.update(mapping_items(frame, a))
+        d.items.update(kwargs)
+        return d if name == "__ior__" else const(None)
+    if name == "pop":
+        k = dict_key(args[0])
+        if k in d.items:
+            return d.items.pop(k)
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
+    if name == "setdefault":
+        k = dict_key(args[0])
+        if k not in d.items:
+            d.items[k] = args[1] if len(args) > 1 else const(None)
+        return d.items[k]
+    if name == "clear":
+        d.items.clear()
+        return const(None)
+    if name == "popitem":
+        if not d.items:
+            raise Unsupported("popitem(): dictionary is empty", python_exception=KeyError("popitem(): dictionary is empty"))
+        last = const_value(args[0] if args else kwargs.get("last", const(True)), "popitem(last=)")
+        k = next(reversed(d.items)) if last else next(iter(d.items))
+        return make_tuple([key_var(k), d.items.pop(k)])
+    k = dict_key(args[0])  # __delitem__
+    if k not in d.items:
+        raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
+    del d.items[k]
+    return const(None)
+
+
+def is_mapping_object(v):
+    """An object (not a dict capture tracks) with the mapping protocol: keys() and [k]."""
+    return isinstance(v, (ObjectVariable, FreshObjectVariable)) and hasattr(v.python_type(), "keys") and \
+        hasattr(v.python_type(), "__getitem__")
+
+
+def mapping_items(frame, v):
+    """The (key -> Variable) items of what dict(v) / d.update(v) accepts: a dict, a mapping object with
+    keys() and [k], or an iterable of key/value pairs."""
+    if isinstance(v, DictVariable):
+        return dict(v.items)
+    if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
+        return dict_items(frame, v)
+    if is_mapping_object(v):
+        keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
+        return {dict_key(k): getitem(frame, v, k) for k in keys}
+    items = {}
+    for pair in unpack_iterable(frame, v):
+        k, value = unpack_iterable(frame, pair)
+        items[dict_key(k)] = value
+    return items
 
 
 # ---- builtins -----------------------------------------------------------------------------------
@@ -201,6 +295,10 @@ def builtin_len(frame, args, kwargs):
         return const(v.fake.shape[0])
     if isinstance(v, ConstantVariable):
         return const(len(v.value))
+    if (model := model_of(v)) is not None:
+        return model.call_method(frame, v, "__len__", [], {})
+    if (own := own_dunder(v, "__len__")) is not None:
+        return call(frame, own, [], {})
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not isinstance(getattr(v, "value", None), torch.nn.Module) \
             and python_dunder(v.python_type(), "__len__"):
         return call(frame, getattr_var(frame, v, "__len__"), [], {})
@@ -237,7 +335,7 @@ def _b_hasattr(frame, args, kwargs):
         getattr_var(frame, args[0], name)
         return const(True)
     except Unsupported as e:
-        if "AttributeError" in str(e) or "has no attribute" in str(e):
+        if isinstance(e.python_exception, AttributeError) or "AttributeError" in str(e) or "has no attribute" in str(e):
             return const(False)
         raise
 
@@ -280,15 +378,7 @@ def _b_next(frame, args, kwargs):
 
 
 def build_dict(frame, args, kwargs):
-    items = {}
-    if args:
-        src = args[0]
-        if isinstance(src, DictVariable):
-            items.update(src.items)
-        else:
-            for pair in unpack_iterable(frame, src):
-                k, v = unpack_iterable(frame, pair)
-                items[dict_key(k)] = v
+    items = mapping_items(frame, args[0]) if args else {}
     items.update(kwargs)
     return DictVariable(items)
 
@@ -349,7 +439,7 @@ def _b_print(frame, args, kwargs):
 
 def _b_callable(frame, args, kwargs):
     v = args[0]
-    if isinstance(v, (FunctionVariable, MethodVariable)):
+    if isinstance(v, (FunctionVariable, MethodVariable, PartialVariable)):
         return const(True)
     if isinstance(v, (ObjectVariable, ConstantVariable)):
         return const(callable(v.value))
@@ -483,7 +573,7 @@ def _b_prod(frame, args, kwargs):
 def _b_sorted(frame, args, kwargs):
     items = unpack_iterable(frame, args[0])
     lst = ListVariable(items)
-    _list_method(frame, lst, "sort", [], kwargs)
+    call_list_method(frame, lst, "sort", [], kwargs)
     return lst
 
 

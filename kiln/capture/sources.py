@@ -117,13 +117,15 @@ class AttrSource(Source):
 
 
 class ItemSource(Source):
-    """base[key] for a constant int or str key."""
+    """base[key] for a constant key (an int or str; any stable dict key: a class, a tuple, ...)."""
 
     def __init__(self, base, index):
         self.base, self.index = base, index
 
     def expr(self, ctx):
-        return f"{ctx.sub(self.base)}[{self.index!r}]"
+        literal = type(self.index) in (int, str, bytes, bool, type(None))
+        key = repr(self.index) if literal else ctx.const(self.index, "KEY")
+        return f"{ctx.sub(self.base)}[{key}]"
 
     def key(self):
         return ("item", self.base.key(), self.index)

@@ -11,6 +11,7 @@ A small set on purpose:
   CellVariable, IteratorVariable, SuperVariable, GradModeVariable, NullVariable
 Values that came from outside carry a Source; see sources.py.
 """
+import collections
 import types
 
 import torch
@@ -116,6 +117,7 @@ class SymNodeVariable(Variable):
 class _Sequence(Variable):
     def __init__(self, items, source=None):
         self.items, self.source = list(items), source
+        self.attrs = {}  # the __dict__ of an instance of a list/tuple subclass
 
     def is_constant(self):
         return all(i.is_constant() for i in self.items)
@@ -135,6 +137,14 @@ class ListVariable(_Sequence):
 
     def is_constant(self):
         return False
+
+
+class DequeVariable(ListVariable):
+    """A collections.deque: a list whose ends are bounded by `maxlen` (None: unbounded)."""
+
+    def __init__(self, items, source=None, maxlen=None):
+        super().__init__(items, source, cls=collections.deque)
+        self.maxlen = maxlen
 
 
 class TupleVariable(_Sequence):
@@ -158,6 +168,7 @@ class SetVariable(Variable):
         """`keyed`: (key, Variable) pairs, added in order; or, with `keys` (a real set, kept in its
         own order), the Variable of each of its keys."""
         self.source = source
+        self.attrs = {}
         if keys is None:
             self.keys, self.vars = set(), {}
             for key, var in keyed:
@@ -200,12 +211,31 @@ class SliceVariable(Variable):
         return slice
 
 
+class TensorKey:
+    """A tensor used as a dict key: hashed and compared by identity, as torch.Tensor is."""
+    __slots__ = ("var",)
+
+    def __init__(self, var):
+        self.var = var
+
+    def __hash__(self):
+        return id(self.var.fake)
+
+    def __eq__(self, other):
+        return isinstance(other, TensorKey) and other.var.fake is self.var.fake
+
+    def __repr__(self):
+        return f"TensorKey({self.var!r})"
+
+
 class DictVariable(Variable):
-    """A dict with constant keys (insertion ordered); `cls` may be OrderedDict or a dict subclass."""
+    """A dict (insertion ordered); `cls` may be OrderedDict or a dict subclass. Keys are the Python
+    values of constant keys, or a TensorKey for a tensor."""
     mutated = False
 
     def __init__(self, items, source=None, cls=dict):
         self.items, self.source, self.cls = dict(items), source, cls
+        self.attrs = {}  # the __dict__ of an instance of a dict subclass
 
     def python_type(self):
         return self.cls
@@ -222,16 +252,32 @@ class DataDictVariable(DictVariable):
 
 
 class FunctionVariable(Variable):
-    """A function object created during capture by MAKE_FUNCTION."""
+    """A function object created during capture by MAKE_FUNCTION. `attrs`: its __dict__ (set by
+    `f.x = ...` or functools.wraps); `slots`: the function attributes the code reassigned (__name__,
+    __doc__, __annotations__, ...)."""
 
-    def __init__(self, code, f_globals, name, defaults=None, kwdefaults=None, closure=None):
+    def __init__(self, code, f_globals, name, defaults=None, kwdefaults=None, closure=None, annotations=None):
         self.code, self.f_globals, self.name = code, f_globals, name
         self.defaults = defaults  # TupleVariable or None
         self.kwdefaults = kwdefaults  # DictVariable or None
         self.closure = closure  # list of CellVariable / real cells, or None
+        self.attrs = DictVariable({})
+        self.slots = {} if annotations is None else {"__annotations__": annotations}
 
     def python_type(self):
         return types.FunctionType
+
+
+class PartialVariable(Variable):
+    """functools.partial(func, *args, **keywords) made during capture; `attrs` is its __dict__."""
+
+    def __init__(self, func, args, keywords):
+        self.func, self.args, self.keywords = func, list(args), keywords  # keywords: a DictVariable
+        self.attrs = DictVariable({})
+
+    def python_type(self):
+        import functools
+        return functools.partial
 
 
 class MethodVariable(Variable):
