@@ -198,14 +198,20 @@ class Glue:
                              SetVariable(container.vars.items())))
             else:
                 todo.append((f"__d = {target}; __d.clear(); __d.update({{}})", DictVariable(container.items)))
+        deletes = []
         for obj_var, name, value in se.attr_stores.values():
-            todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
+            if value is se.DELETED:
+                deletes.append(f"delattr({self.value(obj_var)}, {name!r})")
+            else:
+                todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
         for source, value in list(se.global_stores.items()) + list(se.cell_stores.values()):
             todo.append((f"{source.expr(self.ctx)} = {{}}", value))
         rendered = [(fmt, self.value(v)) for fmt, v in todo]
         self.finish_values()
         for fmt, v in rendered:
             self.emit(fmt.format(v))
+        for line in deletes:
+            self.emit(line)
 
     def function(self, graph_fn, input_sources, tail):
         """Assemble `def __kiln_entry(F, L)`; `tail` are the final lines (return / break)."""

@@ -407,10 +407,13 @@ _DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict, collectio
 
 
 def _stable_key(k):
-    """A dict key a guard can compare by value (or identity, for classes and enum members)."""
+    """A dict key a guard can compare by value, or by identity (classes, enum members, typing forms,
+    objects without their own __eq__)."""
     if type(k) in (str, int, bytes, float, bool, type(None)) or isinstance(k, (type, enum.Enum)):
         return True
-    return type(k) is tuple and all(_stable_key(i) for i in k)
+    if type(k) is tuple:
+        return all(_stable_key(i) for i in k)
+    return type(k).__module__ == "typing" or type(k).__eq__ is object.__eq__ and not isinstance(k, torch.Tensor)
 
 
 def _is_numpy_scalar(value):

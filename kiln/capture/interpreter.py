@@ -365,7 +365,7 @@ class Frame:
         objects.setattr_var(self, obj, inst.argval, value)
 
     def DELETE_ATTR(self, inst):
-        raise Unsupported("del of an attribute")
+        objects.delattr_var(self, self.pop(), inst.argval)
 
     def BINARY_SUBSCR(self, inst):
         key = self.pop()

@@ -106,6 +106,9 @@ def call_builtin_method(frame, cls, name, recv, args, kwargs):
     """`cls.name(recv, *args, **kwargs)` for a builtin type `cls`."""
     if isinstance(recv, (ListVariable, TupleVariable, DictVariable, SetVariable)) and name != "fromkeys":
         return call_method(frame, recv, name, args, kwargs)
+    view = objects.readonly_dict_view(frame, recv, getattr(cls, name))  # an existing dict (subclass) read
+    if view is not None:
+        return call_method(frame, view, name, args, kwargs)
     known = isinstance(recv, ConstantVariable) or isinstance(recv, ObjectVariable) and not recv.opaque
     if known and _is_pure(cls, name):
         return _run_natively(frame, getattr(recv.value, name), f"{cls.__name__}.{name}", args, kwargs)

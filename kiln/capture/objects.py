@@ -612,7 +612,7 @@ def dict_items(frame, v):
 
 
 # ---- attributes ---------------------------------------------------------------------------------
-_BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes)
+_BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes, collections.OrderedDict, collections.defaultdict)
 _TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 
 
@@ -652,17 +652,16 @@ def getattr_var(frame, obj, name):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
         return MethodVariable(name, obj)
     if isinstance(obj, FreshObjectVariable):
-        if isinstance(inspect.getattr_static(obj.cls, name, None), property):
-            return _class_attr(frame, obj, obj.cls, name)
-        if name in obj.attrs:
-            return obj.attrs[name]
-        if name == "__class__":
-            return og.wrap(obj.cls, None, guard=False)
-        return _class_attr(frame, obj, obj.cls, name)
+        hook = inspect.getattr_static(obj.cls, "__getattribute__", None)
+        if isinstance(hook, types.FunctionType):  # the class's own __getattribute__ (it may call super's)
+            return call(frame, MethodVariable(hook, obj), [const(name)], {})
+        return fresh_attr(frame, obj, name)
     if isinstance(obj, SuperVariable):
         return _super_attr(frame, obj, name)
     if isinstance(obj, ObjectVariable):
         stored = og.side_effects.load_attr(obj.value, name)
+        if stored is og.side_effects.DELETED:
+            raise Unsupported(f"AttributeError: {name} was deleted", python_exception=AttributeError(name))
         if stored is not None:
             return stored
         if (model := model_of(obj)) is not None:
@@ -671,6 +670,65 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, GradModeVariable) and name in ("__enter__", "__exit__"):
         raise Unsupported("explicit __enter__/__exit__ calls")
     raise Unsupported(f"attribute {name!r} of {describe(obj)}")
+
+
+def fresh_attr(frame, obj, name):
+    """object.__getattribute__ on an object made in the frame: a data descriptor (property), its
+    __dict__, then its class."""
+    raw = inspect.getattr_static(obj.cls, name, None)
+    if isinstance(raw, property) or name == "__dict__":
+        if name == "__dict__":
+            d = DictVariable({})
+            d.items = obj.attrs  # the same dict: writes through __dict__ are attribute writes
+            return d
+        return _class_attr(frame, obj, obj.cls, name)
+    if name in obj.attrs:
+        return obj.attrs[name]
+    if name == "__class__":
+        return frame.og.wrap(obj.cls, None, guard=False)
+    return _class_attr(frame, obj, obj.cls, name)
+
+
+def store_fresh_attr(frame, obj, name, value):
+    """object.__setattr__ on an object made in the frame: a property's setter, else its __dict__."""
+    raw = inspect.getattr_static(obj.cls, name, None)
+    if isinstance(raw, property):
+        if raw.fset is None:
+            raise Unsupported(f"property {name} has no setter", python_exception=AttributeError(name))
+        call(frame, MethodVariable(raw.fset, obj), [value], {})
+        return
+    obj.attrs[name] = value
+
+
+def delattr_var(frame, obj, name):
+    """`del obj.name`: the class's own __delattr__, else the attribute leaves the object's __dict__
+    (an existing object's deletion is replayed after the graph)."""
+    hook = inspect.getattr_static(obj.python_type(), "__delattr__", None) \
+        if isinstance(obj, (FreshObjectVariable, ObjectVariable)) else None
+    if isinstance(hook, types.FunctionType):
+        call(frame, MethodVariable(hook, obj), [const(name)], {})
+        return
+    if isinstance(obj, FreshObjectVariable):
+        if name not in obj.attrs:
+            raise Unsupported(f"AttributeError: {name}", python_exception=AttributeError(name))
+        del obj.attrs[name]
+        return
+    if (model := VARIABLE_MODELS.get(type(obj))) is not None and name in getattr(getattr(obj, "attrs", None), "items", ()):
+        del obj.attrs.items[name]  # a function's or partial's __dict__ entry
+        return
+    if isinstance(obj, ObjectVariable) and obj.source is not None and isinstance(getattr(obj.value, "__dict__", None), dict) \
+            and not isinstance(obj.value, (type, types.ModuleType, torch.nn.Module)):
+        se = frame.og.side_effects
+        pending = se.load_attr(obj.value, name)
+        if name in obj.value.__dict__ and pending is not se.DELETED:
+            frame.og.guards.add(obj.source, f"{name!r} in v.__dict__", f"{obj.source!r}.{name} is set")
+            se.store_attr(obj, name, se.DELETED)
+        elif pending is not None and pending is not se.DELETED:
+            se.forget_attr(obj.value, name)  # set and deleted within the frame: nothing to replay
+        else:
+            raise Unsupported(f"AttributeError: {name}", python_exception=AttributeError(name))
+        return
+    raise Unsupported(f"del of attribute {name!r} of {describe(obj)}")
 
 
 def _tensor_attr(og, t, name):
@@ -825,15 +883,11 @@ def setattr_var(frame, obj, name, value):
         obj.attrs[name] = value  # an instance of a list/tuple/dict subclass has a __dict__
         return None
     if isinstance(obj, FreshObjectVariable):
-        if _python_dunder(obj.cls, "__setattr__"):
-            raise Unsupported("a class with its own __setattr__")
-        raw = inspect.getattr_static(obj.cls, name, None)
-        if isinstance(raw, property):
-            if raw.fset is None:
-                raise Unsupported(f"property {name} has no setter", python_exception=AttributeError(name))
-            call(frame, MethodVariable(raw.fset, obj), [value], {})
-            return
-        obj.attrs[name] = value
+        hook = inspect.getattr_static(obj.cls, "__setattr__", None)
+        if isinstance(hook, types.FunctionType):  # the class's own __setattr__ (it may call super's)
+            call(frame, MethodVariable(hook, obj), [const(name), value], {})
+        else:
+            store_fresh_attr(frame, obj, name, value)
         return
     if isinstance(obj, ObjectVariable) and obj.source is not None and not isinstance(obj.value, (type, types.ModuleType)):
         value_obj = obj.value
@@ -884,7 +938,9 @@ def _call_method_var(frame, m, args, kwargs):
             return const(None)
         if fn is object.__getattribute__ and isinstance(obj, ObjectVariable) and len(args) == 1:
             return _object_attr(frame, obj, const_value(args[0], "attribute name"), plain=True)
-        view = _readonly_dict_view(frame, obj, fn)
+        if fn in _OBJECT_SLOTS and isinstance(obj, FreshObjectVariable):
+            return _OBJECT_SLOTS[fn](frame, obj, const_value(args[0], "attribute name"), *args[1:])
+        view = readonly_dict_view(frame, obj, fn)
         if view is not None:
             return call_method(frame, view, fn.__name__, args, kwargs)
         if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
@@ -895,10 +951,24 @@ def _call_method_var(frame, m, args, kwargs):
     return call_python_function(frame, fn, [obj] + list(args), kwargs)
 
 
+def _store_and_return_none(frame, obj, name, value):
+    store_fresh_attr(frame, obj, name, value)
+    return const(None)
+
+
+def _delete_and_return_none(frame, obj, name):
+    delattr_var(frame, obj, name)
+    return const(None)
+
+
+# object's own attribute slots, called through super() from a class that overrides them
+_OBJECT_SLOTS = {object.__getattribute__: fresh_attr, object.__setattr__: _store_and_return_none,
+                 object.__delattr__: _delete_and_return_none}
+
 _READONLY_DICT_METHODS = {"get", "keys", "values", "items", "__contains__", "__len__", "__getitem__", "copy"}
 
 
-def _readonly_dict_view(frame, obj, fn):
+def readonly_dict_view(frame, obj, fn):
     """dict's own read-only methods on an existing dict subclass instance (a registry, a ModelOutput):
     a DictVariable over its current items, guarded on its keys."""
     if not (isinstance(obj, ObjectVariable) and isinstance(obj.value, dict) and obj.source is not None
@@ -1146,8 +1216,8 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return _construct_container(frame, cls, args, kwargs)
     if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
         raise Unsupported(f"constructing {cls.__qualname__}")
-    if cls.__new__ is not object.__new__ or _python_dunder(cls, "__setattr__"):
-        raise Unsupported(f"constructing {cls.__qualname__} (custom __new__/__setattr__)")
+    if cls.__new__ is not object.__new__:
+        raise Unsupported(f"constructing {cls.__qualname__} (custom __new__)")
     obj = FreshObjectVariable(cls)
     init = inspect.getattr_static(cls, "__init__", None)
     if isinstance(init, types.FunctionType):

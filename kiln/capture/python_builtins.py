@@ -9,7 +9,7 @@ import operator
 
 import torch
 
-from kiln.capture.objects import (apply_operator, call, const_value, describe, dict_items, dict_key, fold_natively,
+from kiln.capture.objects import (apply_operator, call, const_value, delattr_var, describe, dict_items, dict_key, fold_natively,
                                   get_iter, getattr_var, getitem, is_same, key_var, make_tuple, model_of, new_set, own_dunder,
                                   VARIABLE_MODELS, python_dunder, set_add, set_key, set_update,
                                   setattr_var, setitem, truth, unpack_iterable)
@@ -345,6 +345,11 @@ def _b_setattr(frame, args, kwargs):
     return const(None)
 
 
+def _b_delattr(frame, args, kwargs):
+    delattr_var(frame, args[0], const_value(args[1], "delattr name"))
+    return const(None)
+
+
 def _iterable_builtin(fn):
     def handler(frame, args, kwargs):
         lists = [unpack_iterable(frame, a) for a in (args[:1] if fn is enumerate else args)]
@@ -579,7 +584,7 @@ def _b_sorted(frame, args, kwargs):
 
 BUILTIN_HANDLERS = {
     len: builtin_len, isinstance: _b_isinstance, issubclass: _b_isinstance_sub, type: _b_type, getattr: _b_getattr,
-    hasattr: _b_hasattr, setattr: _b_setattr, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
+    hasattr: _b_hasattr, setattr: _b_setattr, delattr: _b_delattr, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
     reversed: _iterable_builtin(reversed), iter: _iterable_builtin(iter), list: _iterable_builtin(list),
     tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_numeric(frozenset),
     sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _b_minmax(min), max: _b_minmax(max),

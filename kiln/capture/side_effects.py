@@ -18,6 +18,9 @@ class SideEffects:
     def store_attr(self, obj_var, name, value):
         self.attr_stores[(id(obj_var.value), name)] = (obj_var, name, value)
 
+    def forget_attr(self, obj, name):
+        self.attr_stores.pop((id(obj), name), None)
+
     def load_attr(self, obj, name):
         entry = self.attr_stores.get((id(obj), name))
         return None if entry is None else entry[2]

@@ -2,6 +2,7 @@
 functools (partial, wraps, lru_cache), collections (defaultdict, Counter, OrderedDict, deque).
 Each program runs eagerly and compiled; results, argument state and graph counts are compared."""
 import collections
+import copy
 import functools
 import os
 
@@ -288,3 +289,115 @@ def test_existing_deque_mutated_in_place():
     for a, e in zip(compiled, eager):
         torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(e))
     assert counter.frame_count == 1
+
+
+# ---- copy.copy / copy.deepcopy -------------------------------------------------------------------------
+class _Config:
+    def __init__(self):
+        self.width = 2
+        self.names = ["x", "y"]
+        self.sub = {"k": 2}
+
+
+_config = _Config()
+
+
+def deepcopy_existing_object(x):
+    c = copy.deepcopy(_config)
+    c.width = 5
+    c.names.append("z")
+    return x * c.width + len(c.names) + _config.width + len(_config.names), c.sub is _config.sub
+
+
+def copies_of_containers(x):
+    nested = [x, [x + 1]]
+    shallow = copy.copy(nested)
+    deep = copy.deepcopy(nested)
+    shallow[1].append(1)
+    d = copy.deepcopy({"a": [1, 2], "b": (3, [4]), "t": x})
+    return nested, shallow, deep, deep[1] is nested[1], shallow[1] is nested[1], d, d["t"] is x
+
+
+class _Pair:
+    def __init__(self, v):
+        self.v = v
+
+
+def copy_of_object_made_in_frame(x):
+    o = _Pair(x)
+    o2 = copy.copy(o)
+    o2.v = o2.v + 1
+    o3 = copy.deepcopy(o)
+    return o.v, o2.v, o3.v is o.v, type(o3) is _Pair
+
+
+@pytest.mark.parametrize("fn", [deepcopy_existing_object, copies_of_containers, copy_of_object_made_in_frame])
+def test_copies_one_graph(fn):
+    check_graphs(fn, t(3), graphs=1, fullgraph=True)
+
+
+def test_deepcopy_of_existing_object_is_guarded_on_its_state():
+    counter = CompileCounter()
+    compiled = kiln.compile(deepcopy_existing_object, backend=counter, fullgraph=True)
+    x = t(2)
+    assert_same(deepcopy_existing_object, compiled, x)
+    _config.width = 7
+    try:
+        assert_same(deepcopy_existing_object, compiled, x)
+    finally:
+        _config.width = 2
+    assert counter.frame_count == 2
+
+
+# ---- objects with their own __setattr__ / __getattribute__ / __delattr__ ---------------------------------
+class _Aliased:
+    """Reads and writes of `hidden` go to `d_model`, as transformers' configs map attribute names."""
+    attribute_map = {"hidden": "d_model"}
+
+    def __init__(self):
+        self.d_model = 4
+        self.layers = 2
+
+    def __setattr__(self, key, value):
+        if key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        super().__setattr__(key, value)
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+def own_attribute_protocol(x):
+    c = _Aliased()
+    c.hidden = 8
+    layers = c.layers
+    del c.layers
+    return x * c.hidden + layers, hasattr(c, "layers"), c.d_model, c.__dict__["d_model"]
+
+
+def deepcopy_then_delattr(x):
+    c = copy.deepcopy(_aliased)
+    delattr(c, "layers")
+    c.hidden = 3
+    return x * c.d_model, hasattr(c, "layers"), _aliased.d_model
+
+
+_aliased = _Aliased()
+
+
+@pytest.mark.parametrize("fn", [own_attribute_protocol, deepcopy_then_delattr])
+def test_own_attribute_protocol_one_graph(fn):
+    check_graphs(fn, t(3), graphs=1, fullgraph=True)
+
+
+def test_del_of_an_existing_objects_attribute_is_replayed():
+    def run(obj, x):
+        del obj.v
+        return x + 1
+
+    eager, compiled = _Pair(1), _Pair(1)
+    x = t(2)
+    torch.testing.assert_close(kiln.compile(run, backend=CompileCounter(), fullgraph=True)(compiled, x), run(eager, x))
+    assert not hasattr(compiled, "v") and not hasattr(eager, "v")
