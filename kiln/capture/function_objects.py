@@ -6,6 +6,7 @@ hasattr sees it; one it does not define and the object's __dict__ lacks is an At
 getattr(f, name, default) and hasattr catch, as in CPython. Registers its models in objects.
 """
 import functools
+import inspect
 import types
 
 from kiln.capture import objects
@@ -194,3 +195,31 @@ class LruCacheModel(TypeModel):
 
 objects.TYPE_MODELS[functools._lru_cache_wrapper] = LruCacheModel()
 
+
+
+# ---- inspect's predicates -------------------------------------------------------------------------
+def _stand_in(v):
+    """A real object inspect's predicates answer alike for a Variable: a function with its code (or a
+    method of one) for a function made in the frame, a builtin method for one of a C object's, else a
+    plain object (what capture's other Variables are: not classes, functions or modules)."""
+    fn = v.fn if isinstance(v, MethodVariable) else v
+    if isinstance(fn, FunctionVariable) or isinstance(fn, types.FunctionType):
+        code = fn.code if isinstance(fn, FunctionVariable) else fn.__code__
+        real = types.FunctionType(code, {}, "stand_in", None, tuple(types.CellType() for _ in code.co_freevars) or None)
+        return real if fn is v else types.MethodType(real, object())
+    if isinstance(v, MethodVariable):
+        return [].append
+    return object()
+
+
+def _predicate(test):
+    """An inspect predicate answered from a Variable's kind and code flags, never its contents."""
+    def handler(frame, args, kwargs):
+        v = args[0]
+        return const(bool(test(v.value if isinstance(v, (ObjectVariable, ConstantVariable)) else _stand_in(v))))
+    return handler
+
+
+for _name in ("isclass", "isfunction", "ismethod", "isgeneratorfunction", "iscoroutinefunction",
+              "isasyncgenfunction", "isbuiltin", "isroutine", "ismodule"):
+    BUILTIN_HANDLERS[getattr(inspect, _name)] = _predicate(getattr(inspect, _name))

@@ -181,6 +181,10 @@ class OutputGraph:
                 if isinstance(value, types.MethodType):
                     g.id_match(AttrSource(source, "__func__"), value.__func__)
                     self.wrap(value.__self__, AttrSource(source, "__self__"))
+                elif isinstance(value, types.BuiltinMethodType) and not isinstance(value.__self__, (types.ModuleType, type(None))):
+                    # a C method bound to an object is a new object on every read: compare by == (the
+                    # same method of the same object)
+                    g.add(source, f"v == {g.const(value, 'BM')}", f"{source!r} is {value!r}")
                 else:
                     g.id_match(source, value)
             return ObjectVariable(value, source)

@@ -4,6 +4,7 @@
 Python semantics of calls, attributes and iteration live in `objects.py`; this file is only the
 instruction loop and the stack discipline.
 """
+import builtins
 import dis
 import inspect
 import operator
@@ -344,6 +345,8 @@ class Frame:
     def STORE_DEREF(self, inst):
         cell, value = self.cells[inst.argval], self.pop()
         if isinstance(cell, CellVariable):
+            if cell.frozen:
+                raise Unsupported(f"{inst.argval!r} changes after a class made in the frame closed over it")
             cell.contents = value
         else:
             self.og.side_effects.store_cell(cell.cell, cell.source, value)
@@ -641,6 +644,9 @@ class Frame:
 
     def IMPORT_FROM(self, inst):
         self.push(objects.getattr_var(self, self.stack[-1], inst.argval))
+
+    def LOAD_BUILD_CLASS(self, inst):
+        self.push(ObjectVariable(builtins.__build_class__))
 
     def LOAD_ASSERTION_ERROR(self, inst):
         self.push(ObjectVariable(AssertionError))

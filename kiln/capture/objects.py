@@ -507,9 +507,16 @@ def getitem(frame, obj, key):
         if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
             k = str(k) if isinstance(mod, torch.nn.ParameterList) else k
             return og.wrap(mod._parameters[k], ItemSource(AttrSource(obj.source, "_parameters"), k))
+    if isinstance(obj, ObjectVariable) and _is_typing_form(obj.value):  # List[int], Optional[T]: pure
+        return fold_natively(og, operator.getitem, [obj, key], {})
     if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and _python_dunder(obj.python_type(), "__getitem__"):
         return call(frame, getattr_var(frame, obj, "__getitem__"), [key], {})
     raise Unsupported(f"indexing {describe(obj)}")
+
+
+def _is_typing_form(value):
+    return type(value).__module__ in ("typing", "typing_extensions", "types") or \
+        isinstance(value, type) and hasattr(value, "__class_getitem__") and value.__module__ in ("builtins", "collections.abc", "typing")
 
 
 def _child(og, mod_var, name):
@@ -612,6 +619,7 @@ def dict_items(frame, v):
 
 
 # ---- attributes ---------------------------------------------------------------------------------
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type()), not built in
 _BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes, collections.OrderedDict, collections.defaultdict)
 _TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 
@@ -793,6 +801,8 @@ def _object_attr(frame, obj, name, plain=False):
         if isinstance(raw, staticmethod):
             return og.wrap(raw.__func__, None, guard=False)
         attr = getattr(value, name)
+        if not value.__flags__ & _HEAP_TYPE:  # a builtin (static) type's attributes cannot change
+            return og.wrap(attr, None, guard=False)
         # a class attribute can be reassigned between calls: reload and guard it through the class
         return og.wrap(attr, AttrSource(source if source else ConstSource(value), name))
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or callable(value) \
@@ -1038,14 +1048,21 @@ def _is_torch_op(fn):
 # torch's own compiler package.
 _COMPILING_QUERIES = {("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
                       ("torch._dynamo.external_utils", "is_compiling"), ("torch._utils", "is_compiling")}
+# TorchScript's hooks, as seen from code that is not being scripted or traced
+_SCRIPTING_ANSWERS = {("torch._jit_internal", "is_scripting"): lambda args, kwargs: const(False),
+                      ("torch.jit._trace", "is_tracing"): lambda args, kwargs: const(False),
+                      ("torch.jit", "annotate"): lambda args, kwargs: (list(args) + list(kwargs.values()))[1]}
 
 
 def _call_torch(frame, fn, args, kwargs):
     og = frame.og
     if fn is torch.is_grad_enabled:
         return const(og.grad_enabled)
-    if (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) in _COMPILING_QUERIES:
+    name_key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+    if name_key in _COMPILING_QUERIES:
         return const(True)
+    if name_key in _SCRIPTING_ANSWERS:
+        return _SCRIPTING_ANSWERS[name_key](args, kwargs)
     name = getattr(fn, "__name__", "")
     has_tensor = any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs))
     if not has_tensor and any(w in name.lower() for w in _STATEFUL_WORDS):
@@ -1131,7 +1148,8 @@ def _call_value(frame, fn_var, args, kwargs):
         return _call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
         return _construct(frame, fn_var, fn, args, kwargs)
-    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath"):
+    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") and \
+            isinstance(fn, (types.BuiltinFunctionType, types.FunctionType)):
         if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
             if getattr(fn, "__module__", None) in ("operator", "_operator"):
                 return apply_operator(frame, fn, list(args))
@@ -1354,3 +1372,16 @@ def call_module(frame, mod_var, args, kwargs):
 # container methods and builtins live in python_builtins (they call back into this module)
 from kiln.capture.python_builtins import (BUILTIN_HANDLERS, builtin_len, call_method, is_mapping_object,  # noqa: E402
                                           mapping_items)
+
+
+def _object_slot_call(slot):
+    """object.__setattr__(obj, name, value) and its siblings called directly (a frozen dataclass's
+    __init__ does so) on an object made in the frame."""
+    def handler(frame, args, kwargs):
+        if not args or not isinstance(args[0], FreshObjectVariable):
+            raise Unsupported(f"{slot.__qualname__} on {describe(args[0]) if args else 'nothing'}")
+        return _OBJECT_SLOTS[slot](frame, args[0], const_value(args[1], "attribute name"), *args[2:])
+    return handler
+
+
+BUILTIN_HANDLERS.update({slot: _object_slot_call(slot) for slot in _OBJECT_SLOTS})

@@ -378,7 +378,7 @@ def _b_next(frame, args, kwargs):
     if item is None:
         if len(args) > 1:
             return args[1]
-        raise Unsupported("StopIteration")
+        raise Unsupported("StopIteration", python_exception=StopIteration())
     return item
 
 

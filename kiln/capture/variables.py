@@ -301,11 +301,13 @@ class FreshObjectVariable(Variable):
 
 
 class CellVariable(Variable):
-    """A closure cell created inside the frame (MAKE_CELL or a new function's closure)."""
+    """A closure cell created inside the frame (MAKE_CELL or a new function's closure). `frozen`: a
+    class made natively during capture closes over it (class_creation.py), so it may not change."""
     _EMPTY = object()
 
     def __init__(self, contents=_EMPTY):
         self.contents = contents
+        self.frozen = False
 
     def python_type(self):
         return types.CellType
