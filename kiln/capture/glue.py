@@ -15,7 +15,7 @@ from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictVariable,
                                     ExitVariable,
                                     FreshObjectVariable, GeneratorVariable, GradModeExit,
-                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
+                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable, NDArrayVariable,
                                     ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable,
                                     TupleVariable)
 from kiln.capture.graph_builder import size_source
@@ -113,6 +113,10 @@ class Glue:
             if factory is not None:
                 return f"{self.const(var.cls, 'CLS')}({self.value(factory)}, {body})"
             return f"{self.const(var.cls, 'CLS')}({body})"
+        if isinstance(var, NDArrayVariable):
+            if var.source is not None:
+                return var.source.expr(self.ctx)
+            return f"{self.const(NDArrayVariable.to_numpy, 'TONUMPY')}({self.value(var.tensor)}, {var.scalar})"
         if isinstance(var, SliceVariable):
             return "slice(" + ", ".join(self.value(p) for p in var.parts) + ")"
         if isinstance(var, ExitVariable) and var.restores is not None:

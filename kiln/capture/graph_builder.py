@@ -43,6 +43,11 @@ def is_library_module(mod):
     return name.split(".")[0] in _LIBRARY_PREFIXES
 
 
+# Types whose existing values another module wraps (numpy_support: ndarrays): type -> fn(og, value,
+# source, guard) -> Variable. They register here, so this module imports none of them.
+VALUE_WRAPPERS = {}
+
+
 class GradModeBreak(Unsupported):
     """Grad switched on in a graph that starts with it off (a resume function after a no_grad block,
     enable_grad in a frame called under no_grad): the graph ends there, because aot-based backends
@@ -135,6 +140,9 @@ class OutputGraph:
         g = self.guards if (guard and source is not None) else None
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        wrapper = VALUE_WRAPPERS.get(type(value))
+        if wrapper is not None:
+            return wrapper(self, value, source, guard)
         if is_constant(value):
             if g:
                 g.const_match(source, value)

@@ -46,14 +46,31 @@ class TypeModel:
     def set_attribute(self, frame, var, name, value):
         raise Unsupported(f"setting attribute {name!r} on {describe(var)}")
 
+    protocols = False  # (VARIABLE_MODELS) whether `[k]`, `in`, `len`, iteration and operators come here
+
+    def truth(self, frame, var):
+        if hasattr(var.python_type(), "__len__"):
+            return truth(frame, self.call_method(frame, var, "__len__", [], {}))
+        return True
+
+    def operator(self, frame, op, args):
+        """`op(*args)` where an operand is of this model's kind; None: not handled here."""
+        return None
+
 
 TYPE_MODELS = {}  # type of an existing object -> TypeModel
 VARIABLE_MODELS = {}  # a Variable class modelled in its own module (function_objects.py) -> TypeModel
+MODULE_MODELS = {}  # top-level library module whose callables capture models as a whole ("numpy") -> TypeModel
+TENSOR_METHODS = {}  # Tensor method modelled in another module ("numpy") -> handler(frame, t, args, kwargs)
 
 
 def model_of(v):
-    """The TypeModel of an existing object's type, or None."""
-    return TYPE_MODELS.get(type(v.value)) if isinstance(v, ObjectVariable) else None
+    """The TypeModel of an existing object's type, or of a Variable kind whose model takes the
+    protocols (`[k]`, `in`, `len`, iteration, operators) itself; else None."""
+    if isinstance(v, ObjectVariable):
+        return TYPE_MODELS.get(type(v.value))
+    model = VARIABLE_MODELS.get(type(v))
+    return model if model is not None and model.protocols else None
 
 
 def describe(v):
@@ -228,8 +245,8 @@ def truth(frame, v):
         if _python_dunder(v.cls, "__bool__") or _python_dunder(v.cls, "__len__"):
             raise Unsupported("truth of an object with a Python __bool__/__len__")
         return True
-    if (model := model_of(v)) is not None and hasattr(type(v.value), "__len__"):
-        return truth(frame, model.call_method(frame, v, "__len__", [], {}))
+    if (model := model_of(v)) is not None:
+        return model.truth(frame, v)
     if isinstance(v, ObjectVariable):
         value = v.value
         if isinstance(value, torch.nn.Module):
@@ -297,6 +314,9 @@ def contains(frame, container, item):
 # ---- operators ----------------------------------------------------------------------------------
 def apply_operator(frame, op, args):
     og = frame.og
+    for a in args:
+        if (model := model_of(a)) is not None and (result := model.operator(frame, op, args)) is not None:
+            return result
     if op is operator.not_:
         return const(not truth(frame, args[0]))
     if op is operator.truth:
@@ -992,6 +1012,8 @@ def readonly_dict_view(frame, obj, fn):
 
 
 def _tensor_method(frame, t, name, args, kwargs):
+    if name in TENSOR_METHODS:
+        return TENSOR_METHODS[name](frame, t, args, kwargs)
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":
@@ -1011,7 +1033,7 @@ def call_python_function(frame, fn, args, kwargs):
     if not isinstance(fn, types.FunctionType):
         return call(frame, frame.og.wrap(fn, None, guard=False), args, kwargs)
     if _is_torch_op(fn):
-        return _call_torch(frame, fn, args, kwargs)
+        return call_torch(frame, fn, args, kwargs)
     og = frame.og
     defaults = None
     # defaults are reloaded through the function object, so `fn.__defaults__ = ...` is seen by the guards
@@ -1054,7 +1076,7 @@ _SCRIPTING_ANSWERS = {("torch._jit_internal", "is_scripting"): lambda args, kwar
                       ("torch.jit", "annotate"): lambda args, kwargs: (list(args) + list(kwargs.values()))[1]}
 
 
-def _call_torch(frame, fn, args, kwargs):
+def call_torch(frame, fn, args, kwargs):
     og = frame.og
     if fn is torch.is_grad_enabled:
         return const(og.grad_enabled)
@@ -1137,6 +1159,9 @@ def _call_value(frame, fn_var, args, kwargs):
     handler = BUILTIN_HANDLERS.get(_key(fn))
     if handler is not None:
         return handler(frame, args, kwargs)
+    module = getattr(fn, "__module__", None)
+    if isinstance(module, str) and (model := MODULE_MODELS.get(module.partition(".")[0])) is not None:
+        return model.call(frame, fn_var, args, kwargs)
     if isinstance(fn, GradModeExit):  # the end of a grad-mode block a break cut in two
         if fn_var.source is not None:
             og.guards.id_match(fn_var.source, fn)
@@ -1145,7 +1170,7 @@ def _call_value(frame, fn_var, args, kwargs):
     if isinstance(fn, types.FunctionType):
         return call_python_function(frame, fn, args, kwargs)
     if _is_torch_op(fn):
-        return _call_torch(frame, fn, args, kwargs)
+        return call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
         return _construct(frame, fn_var, fn, args, kwargs)
     if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") and \

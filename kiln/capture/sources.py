@@ -148,3 +148,19 @@ class ConstSource(Source):
 
     def __repr__(self):
         return f"<{type(self.obj).__name__}>"
+
+
+class ConvertedSource(Source):
+    """`fn(base)` for a pure conversion `fn` (torch.from_numpy of an ndarray that came from outside)."""
+
+    def __init__(self, fn, base):
+        self.fn, self.base = fn, base
+
+    def expr(self, ctx):
+        return f"{ctx.const(self.fn, 'CONV')}({ctx.sub(self.base)})"
+
+    def key(self):
+        return ("conv", id(self.fn), self.base.key())
+
+    def __repr__(self):
+        return f"{getattr(self.fn, '__name__', 'convert')}({self.base!r})"

@@ -101,6 +101,25 @@ class TensorVariable(Variable):
         return f"Tensor({self.node.name}, {tuple(self.fake.shape)})"
 
 
+class NDArrayVariable(Variable):
+    """A NumPy ndarray, traced through torch (numpy_support.py): `tensor` holds its data in the graph.
+    `scalar`: a 0-d result NumPy hands out as a scalar (np.sum(a) is a np.float64). `source`: an
+    ndarray that came from outside."""
+
+    def __init__(self, tensor, scalar=False, source=None):
+        self.tensor, self.scalar, self.source = tensor, scalar, source
+
+    def python_type(self):
+        import numpy
+        return numpy.ndarray
+
+    @staticmethod
+    def to_numpy(tensor, scalar):
+        """The ndarray (or NumPy scalar) a graph output stands for."""
+        array = tensor.detach().numpy()
+        return array[()] if scalar else array
+
+
 class SymNodeVariable(Variable):
     """A symbolic size (SymInt) computed in the graph from a dynamic dimension."""
 
