@@ -101,7 +101,8 @@ class Glue:
                 return f"{self.const(var.cls, 'CLS')}({items})"
             return f"{self.const(var.cls, 'CLS')}(({items}{',' if len(var.items) == 1 else ''}))"
         if isinstance(var, SetVariable):
-            return "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
+            body = "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
+            return body if var.cls is set else f"frozenset({body})"
         if isinstance(var, DataDictVariable):
             args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())
             return f"{self.const(var.cls, 'CLS')}({args})"

@@ -7,6 +7,7 @@ tensors (FakeTensorMode) to learn the result's metadata and records an fx node.
 import builtins
 import collections
 import enum
+import functools
 import operator
 import re
 import sys
@@ -23,9 +24,10 @@ from kiln.capture import dynamic
 from kiln.capture.guards import GuardSet
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
-from kiln.capture.sources import AttrSource, GlobalSource, ItemSource
+from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
-                                    SliceVariable, SymNodeVariable, TensorVariable, TupleVariable, is_constant)
+                                    SliceVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable,
+                                    is_constant)
 import torch._guards
 from kiln.exc import Unsupported
 
@@ -160,11 +162,12 @@ class OutputGraph:
                 g.add(source, f"v.maxlen == {value.maxlen!r}", f"{source!r}.maxlen == {value.maxlen!r}")
             items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
             return DequeVariable(items, source, value.maxlen)
-        if type(value) in _DICT_TYPES and all(_stable_key(k) for k in value):
+        if type(value) in _DICT_TYPES and all(_stable_key(k) or isinstance(k, torch.Tensor) for k in value):
             if g:
                 g.keys_match(source, value)
-            items = {k: self.wrap(dict.__getitem__(value, k), ItemSource(source, k) if source else None, guard)
-                     for k in value}
+            get = value.__getitem__ if type(value) is types.MappingProxyType else functools.partial(dict.__getitem__, value)
+            items = {self._dict_key(k): self.wrap(get(k), ItemSource(source, k) if source else None, guard)
+                     for k in value}  # (dict's own lookup: a subclass's __getitem__ or __missing__ is not run)
             d = DictVariable(items, source, type(value))
             if type(value) is collections.defaultdict:
                 d.default_factory = self.wrap(value.default_factory,
@@ -203,6 +206,12 @@ class OutputGraph:
         if g:
             g.type_match(source, value)
         return ObjectVariable(value, source, opaque=g is not None)
+
+    def _dict_key(self, key):
+        """The key a DictVariable stores for a key of an existing dict (a tensor key: by identity)."""
+        if isinstance(key, torch.Tensor):
+            return TensorKey(self.wrap(key, ConstSource(key)))
+        return key
 
     def _wrap_set(self, value, source, g):
         """A set of constants: guarded on its items in their iteration order (which the code may see)."""
@@ -415,7 +424,8 @@ def shape_guards(og):
     return guards
 
 
-_DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+_DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter,
+               types.MappingProxyType)  # (a class's __dict__: read-only, see python_builtins._dict_method)
 
 
 def _stable_key(k):
@@ -423,7 +433,7 @@ def _stable_key(k):
     objects without their own __eq__)."""
     if type(k) in (str, int, bytes, float, bool, type(None)) or isinstance(k, (type, enum.Enum)):
         return True
-    if type(k) is tuple:
+    if type(k) in (tuple, torch.Size):
         return all(_stable_key(i) for i in k)
     return type(k).__module__ == "typing" or type(k).__eq__ is object.__eq__ and not isinstance(k, torch.Tensor)
 

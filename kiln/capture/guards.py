@@ -91,7 +91,11 @@ class GuardSet:
 
     def keys_match(self, source, value):
         keys = self.const(tuple(value.keys()), "KEYS")
-        self.add(source, f"type(v) is {self.const(type(value), 'T')} and tuple(v) == {keys}",
+        if any(isinstance(k, torch.Tensor) for k in value):  # tensor keys compare by identity, as a dict does
+            same = f"len(v) == {len(value)} and all(a is b for a, b in zip(v, {keys}))"
+        else:
+            same = f"tuple(v) == {keys}"
+        self.add(source, f"type(v) is {self.const(type(value), 'T')} and {same}",
                  f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
 
     def autocast_match(self):

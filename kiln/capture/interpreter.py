@@ -7,6 +7,7 @@ instruction loop and the stack discipline.
 import builtins
 import dis
 import inspect
+import linecache
 import operator
 import sysconfig
 
@@ -163,7 +164,9 @@ class Frame:
                 if e.where is None or (not getattr(e, "where_is_user", False) and is_user_file(self.code.co_filename)):
                     e.where = self.where(inst)
                     e.where_is_user = is_user_file(self.code.co_filename)
-                    e.args = (f"{e.msg} (at {e.where})",)
+                    line = linecache.getline(self.code.co_filename, inst.positions.lineno).strip() \
+                        if inst.positions and inst.positions.lineno else ""
+                    e.args = (f"{e.msg} (at {e.where}" + (f": {line})" if line else ")"),)
                 if self.parent is None:
                     capture.request_break(self, inst, e)
                 raise

@@ -13,6 +13,7 @@ python_builtins.BUILTIN_HANDLERS, so the lower modules never import this one.
 """
 import collections
 import os
+import sys
 import types
 
 from kiln.capture import objects
@@ -68,6 +69,23 @@ class GuardedMappingModel(TypeModel):
 objects.TYPE_MODELS[type(os.environ)] = GuardedMappingModel()
 
 
+def _guarded_query(fn):
+    """A query of process state with no arguments (sys.getrecursionlimit()): answered now, and a
+    guard asks it again on every call, so a changed setting recompiles."""
+    def handler(frame, args, kwargs):
+        if args or kwargs:
+            raise Unsupported(f"{fn.__name__} with arguments")
+        value = fn()
+        g = frame.og.guards
+        g.add(None, f"{g.const(fn, 'Q')}() == {value!r}", f"{fn.__module__}.{fn.__name__}() == {value!r}")
+        return const(value)
+    return handler
+
+
+for _query in (sys.getrecursionlimit, sys.getdefaultencoding, sys.getfilesystemencoding):
+    BUILTIN_HANDLERS[_query] = _guarded_query(_query)
+
+
 # ---- methods of builtin types ---------------------------------------------------------------------
 _IMMUTABLE = (str, bytes, tuple, int, float, complex, frozenset, range, bool)
 # methods that neither change their receiver nor hand out something that does (iterators, views)
@@ -80,8 +98,10 @@ _PURE = {
           "isdisjoint", "__contains__", "__len__", "__or__", "__and__", "__sub__", "__xor__", "__eq__", "__ne__",
           "__lt__", "__le__", "__gt__", "__ge__", "__repr__"},
 }
+_PURE[types.MappingProxyType] = {"get", "keys", "values", "items", "copy", "__getitem__", "__contains__", "__len__",
+                                  "__or__", "__eq__", "__ne__", "__repr__"}
 _MODELLED = (list, dict, set, frozenset, tuple, str, bytes, int, float, collections.OrderedDict,
-             collections.defaultdict)
+             collections.defaultdict, types.MappingProxyType)
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
 
 
@@ -185,3 +205,4 @@ class BoundBuiltinMethodModel(TypeModel):
 
 
 objects.TYPE_MODELS[types.BuiltinMethodType] = BoundBuiltinMethodModel()
+objects.TYPE_MODELS[types.MethodWrapperType] = BoundBuiltinMethodModel()  # (frozenset().__init__, 1 .__add__)

@@ -356,6 +356,8 @@ def apply_operator(frame, op, args):
         if op in (operator.add, operator.iadd) and isinstance(a, (TupleVariable, ConstantVariable)) and \
                 isinstance(b, (TupleVariable, ConstantVariable)) and _is_tuple(a) and _is_tuple(b):
             return _tuple_like([a, b], unpack_iterable(frame, a) + unpack_iterable(frame, b))
+        if op is operator.mul and isinstance(b, (ListVariable, TupleVariable)) and isinstance(a, ConstantVariable):
+            a, b = b, a  # n * seq is seq * n
         if op in (operator.mul, operator.imul) and isinstance(a, (ListVariable, TupleVariable)) and \
                 isinstance(b, ConstantVariable) and type(b.value) is int:
             items = a.items * b.value
@@ -372,7 +374,7 @@ def apply_operator(frame, op, args):
             if type(a) is not type(b) and not (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
                 return const(op is operator.ne)
             if isinstance(a, (ListVariable, TupleVariable)) and isinstance(b, (ListVariable, TupleVariable)):
-                return const(op(const_value(a), const_value(b)))
+                return const(_sequences_equal(frame, a, b) == (op is operator.eq))
             if a is b or (isinstance(a, (FreshObjectVariable, FunctionVariable)) or
                           isinstance(b, (FreshObjectVariable, FunctionVariable))):
                 return const((a is b) == (op is operator.eq))
@@ -389,6 +391,17 @@ def apply_operator(frame, op, args):
             except Exception as e:
                 raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
+
+
+def _sequences_equal(frame, a, b):
+    """list/tuple ==, as CPython compares them: same kind and length, then item by item, an item
+    identical to its partner counting as equal without calling its __eq__."""
+    if isinstance(a, ListVariable) != isinstance(b, ListVariable) or len(a.items) != len(b.items):
+        return False
+    for x, y in zip(a.items, b.items):
+        if not is_same(x, y) and not truth(frame, apply_operator(frame, operator.eq, [x, y])):
+            return False
+    return True
 
 
 def _python_eq(v):
@@ -613,8 +626,28 @@ def unpack_iterable(frame, v):
         return [result_var(frame.og, x) for x in v.value]  # views of objects known by value
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
         it = call(frame, getattr_var(frame, v, "__iter__"), [], {})
+        if isinstance(it, (ObjectVariable, FreshObjectVariable)) and _python_dunder(it.python_type(), "__next__"):
+            return _drain(frame, it)  # an iterator object of the user's (often `return self`)
         return unpack_iterable(frame, it)
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__next__"):
+        return _drain(frame, v)
     raise Unsupported(f"iterating over {describe(v)}")
+
+
+_MAX_ITEMS = 100_000
+
+
+def _drain(frame, it):
+    """The items a Python-level iterator gives: __next__ until it raises StopIteration."""
+    items, next_method = [], getattr_var(frame, it, "__next__")
+    while len(items) < _MAX_ITEMS:
+        try:
+            items.append(call(frame, next_method, [], {}))
+        except Unsupported as e:
+            if isinstance(e.python_exception, StopIteration):
+                return items
+            raise
+    raise Unsupported("an iterator gave too many items during capture")
 
 
 def og_param(og, mod_var, name):
@@ -652,7 +685,7 @@ def getattr_var(frame, obj, name):
         try:
             return result_var(og, getattr(obj.value, name))
         except AttributeError as e:
-            raise Unsupported(f"AttributeError: {e}") from e
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
     if (model := VARIABLE_MODELS.get(type(obj))) is not None:
         return model.attribute(frame, obj, name)
     if isinstance(obj, DataDictVariable):
@@ -771,7 +804,7 @@ def _tensor_attr(og, t, name):
     try:
         attr = getattr(t.fake, name)
     except AttributeError as e:
-        raise Unsupported(f"AttributeError: {e}") from e
+        raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
     if callable(attr):
         return MethodVariable(name, t)
     if name == "shape" and any(isinstance(d, torch.SymInt) for d in attr):
@@ -797,7 +830,7 @@ def _object_attr(frame, obj, name, plain=False):
         try:
             attr = getattr(value, name)
         except AttributeError as e:
-            raise Unsupported(f"AttributeError: {e}") from e
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
         # functions and classes of library modules (torch.sin) are fixed: no guard per function used;
         # their flags (torch.backends.cudnn.enabled) are settings a program may change between calls
         flag = type(attr) in (bool, int, float, str)
@@ -815,7 +848,10 @@ def _object_attr(frame, obj, name, plain=False):
         try:
             raw = inspect.getattr_static(value, name)
         except AttributeError as e:
-            raise Unsupported(f"AttributeError: {e}") from e
+            meta_hook = inspect.getattr_static(type(value), "__getattr__", None)
+            if isinstance(meta_hook, types.FunctionType):  # a metaclass's own __getattr__
+                return call(frame, MethodVariable(meta_hook, obj), [const(name)], {})
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
         if isinstance(raw, classmethod):
             return MethodVariable(raw.__func__, obj)
         if isinstance(raw, staticmethod):
@@ -849,7 +885,8 @@ def _class_attr(frame, obj, cls, name):
         getattr_hook = inspect.getattr_static(cls, "__getattr__", None)
         if isinstance(getattr_hook, types.FunctionType):
             return call(frame, MethodVariable(getattr_hook, obj), [const(name)], {})
-        raise Unsupported(f"AttributeError: {cls.__qualname__} has no attribute {name!r}") from None
+        raise Unsupported(f"AttributeError: {cls.__qualname__} has no attribute {name!r}",
+                          python_exception=AttributeError(name)) from None
     if isinstance(raw, types.FunctionType):
         return MethodVariable(raw, obj)
     if isinstance(raw, staticmethod):
@@ -1236,7 +1273,7 @@ def _construct(frame, cls_var, cls, args, kwargs):
         mode = fold_natively(og, cls, args, kwargs).value  # validates the arguments as torch does
         return AutocastVariable((mode.device, mode.fast_dtype, mode._enabled, mode._cache_enabled), cls)
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported(f"creating module {cls.__qualname__} inside compiled code")
+        return _construct_module(frame, cls, args, kwargs)
     if issubclass(cls, BaseException):
         return fold_natively(og, cls, args, kwargs)
     if cls in (operator.itemgetter, operator.attrgetter, functools.partial):
@@ -1268,6 +1305,26 @@ def _construct(frame, cls_var, cls, args, kwargs):
     elif args or kwargs:
         raise Unsupported(f"constructing {cls.__qualname__} with arguments")
     return obj
+
+
+def _construct_module(frame, cls, args, kwargs):
+    """`nn.ReLU()`, `nn.Softmax(dim=-1)`, `nn.Dropout(p)` in the frame: a module without parameters or
+    buffers, made natively once from arguments known exactly and reused by every call (it holds no
+    state a call could change). One that has parameters, or draws random numbers to make them, would
+    differ on every eager call: that breaks the graph."""
+    values = [const_value(a, "an argument of a module made in the frame") for a in args]
+    kw = {k: const_value(v, "an argument of a module made in the frame") for k, v in kwargs.items()}
+    rng = torch.random.get_rng_state()
+    try:
+        module = cls(*values, **kw)
+    except Exception as e:
+        raise Unsupported(f"creating module {cls.__qualname__} raised {type(e).__name__}: {e}",
+                          python_exception=e) from e
+    if next(module.parameters(), None) is not None or next(module.buffers(), None) is not None or \
+            not torch.equal(rng, torch.random.get_rng_state()):
+        torch.random.set_rng_state(rng)
+        raise Unsupported(f"creating module {cls.__qualname__} (with parameters or buffers) inside compiled code")
+    return frame.og.wrap(module, ConstSource(module))
 
 
 def _container_subclass(cls, base):

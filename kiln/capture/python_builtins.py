@@ -6,6 +6,7 @@ import inspect
 import itertools
 import math
 import operator
+import types
 
 import torch
 
@@ -61,7 +62,17 @@ def _set_method(frame, s, name, args, kwargs):
     """A set method: add/update/discard/remove/clear item by item; any other runs natively on the real
     key sets (set_key), so its result and iteration order are CPython's own."""
     og = frame.og
+    if name == "__init__":  # set.__init__ refills the set; a frozenset's is object's (no change)
+        if s.cls is set:
+            s.clear()
+            for a in args:
+                set_update(frame, s, a)
+            og.side_effects.mark_mutated(s)
+        return const(None)
     if name in ("add", "update", "discard", "remove", "clear"):
+        if s.cls is frozenset:
+            raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}",
+                              python_exception=AttributeError(name))
         if name == "add":
             set_add(s, [args[0]])
         elif name == "update":
@@ -79,6 +90,8 @@ def _set_method(frame, s, name, args, kwargs):
     method = getattr(set, name, None)
     if method is None or kwargs or name in ("__iter__", "__reversed__", "__init__", "__new__"):
         raise Unsupported(f"set.{name}")
+    if s.cls is frozenset and name in _SET_MUTATORS:
+        raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}", python_exception=AttributeError(name))
     by_key = dict(s.vars)
     native_args = [_set_keys(frame, a, by_key) if name != "__contains__" else set_key(a) for a in args]
     try:
@@ -90,7 +103,9 @@ def _set_method(frame, s, name, args, kwargs):
         og.side_effects.mark_mutated(s)
         return by_key[result] if name == "pop" else const(None)
     if isinstance(result, (set, frozenset)):
-        return SetVariable([(k, by_key[k]) for k in result], keys=set(result))
+        out = SetVariable([(k, by_key[k]) for k in result], keys=set(result))
+        out.cls = s.cls  # frozenset's operations make frozensets
+        return out
     return const(result)
 
 
@@ -219,6 +234,8 @@ def _dict_method(frame, d, name, args, kwargs):
         return const(None)
     if name in ("__setitem__", "update", "__init__", "__ior__", "pop", "setdefault", "clear", "__delitem__",
                 "popitem"):
+        if d.cls is types.MappingProxyType:
+            raise Unsupported(f"mappingproxy does not support {name}", python_exception=TypeError(name))
         og.side_effects.mark_mutated(d)
         return _dict_mutation(frame, d, name, args, kwargs)
     raise Unsupported(f"dict.{name}")
@@ -345,6 +362,12 @@ def _b_setattr(frame, args, kwargs):
     return const(None)
 
 
+def _b_vars(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("vars() of the calling frame")
+    return getattr_var(frame, args[0], "__dict__")
+
+
 def _b_delattr(frame, args, kwargs):
     delattr_var(frame, args[0], const_value(args[1], "delattr name"))
     return const(None)
@@ -406,6 +429,53 @@ def _b_set(frame, args, kwargs):
     if args:
         set_update(frame, out, args[0])
     return out
+
+
+def _b_frozenset(frame, args, kwargs):
+    """frozenset(iterable): a constant when its items are, else a SetVariable that cannot change."""
+    try:
+        return fold_natively(frame.og, frozenset, args, kwargs)
+    except Unsupported:
+        out = _b_set(frame, args, kwargs)
+        out.cls = frozenset
+        return out
+
+
+def _text_of(fn, dunder):
+    """str() / repr(): a class's own Python __str__ / __repr__ runs; constants fold natively."""
+    def handler(frame, args, kwargs):
+        v = args[0] if args else None
+        if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not kwargs and len(args) == 1:
+            cls = v.python_type()
+            for name in (dunder, "__repr__"):
+                if python_dunder(cls, name):
+                    return call(frame, getattr_var(frame, v, name), [], {})
+        return fold_natively(frame.og, fn, args, kwargs)
+    return handler
+
+
+def _extremum(fn):
+    """min()/max() over tensors, as torch.compile traces them: torch.minimum/maximum of two tensors,
+    clamp of a tensor against a number (the same values eager's comparisons pick)."""
+    pairwise, bound = (torch.maximum, "min") if fn is max else (torch.minimum, "max")
+
+    def pick(frame, a, b):
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+            return frame.og.call_op("call_function", pairwise, [a, b], {})
+        t, n = (a, b) if isinstance(a, TensorVariable) else (b, a)
+        return frame.og.call_op("call_function", torch.clamp, [t], {bound: n})
+
+    def handler(frame, args, kwargs, fold=_b_minmax(fn)):
+        items = unpack_iterable(frame, args[0]) if len(args) == 1 else list(args)
+        if kwargs or not any(isinstance(i, TensorVariable) for i in items) or \
+                not all(isinstance(i, TensorVariable) or isinstance(i, ConstantVariable) and
+                        type(i.value) in (int, float, bool) for i in items):
+            return fold(frame, [ListVariable(items)], kwargs)  # (the items: an iterator is consumed)
+        result = items[0]
+        for item in items[1:]:
+            result = pick(frame, result, item)
+        return result
+    return handler
 
 
 def _reducing(fn):
@@ -584,14 +654,14 @@ def _b_sorted(frame, args, kwargs):
 
 BUILTIN_HANDLERS = {
     len: builtin_len, isinstance: _b_isinstance, issubclass: _b_isinstance_sub, type: _b_type, getattr: _b_getattr,
-    hasattr: _b_hasattr, setattr: _b_setattr, delattr: _b_delattr, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
+    hasattr: _b_hasattr, setattr: _b_setattr, delattr: _b_delattr, vars: _b_vars, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
     reversed: _iterable_builtin(reversed), iter: _iterable_builtin(iter), list: _iterable_builtin(list),
-    tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_numeric(frozenset),
-    sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _b_minmax(min), max: _b_minmax(max),
+    tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_frozenset,
+    sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _extremum(min), max: _extremum(max),
     super: _b_super, print: _b_print, callable: _b_callable, id: _b_id, abs: _b_abs,
-    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _b_numeric(str),
+    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _text_of(str, "__str__"),
     round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
-    pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
+    pow: _b_numeric(pow), repr: _text_of(repr, "__repr__"), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
     complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,
     collections.defaultdict: _b_defaultdict, inspect.signature: _b_native_query(inspect.signature),

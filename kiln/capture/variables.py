@@ -212,11 +212,13 @@ class SetVariable(Variable):
         self.keys.clear()
         self.vars.clear()
 
+    cls = set  # frozenset for a frozenset with items capture does not know exactly
+
     def is_constant(self):
         return all(v.is_constant() for v in self.vars.values())
 
     def python_type(self):
-        return set
+        return self.cls
 
 
 class SliceVariable(Variable):

@@ -1,0 +1,157 @@
+"""Builtins and protocols over values capture tracks, as CPython evaluates them: min/max of tensors,
+frozensets holding tensors, sequence equality with its identity shortcut, a metaclass's __getattr__,
+str() through a class's __str__, catchable AttributeErrors, user iterators, modules made in forward,
+process-state queries that are guarded. Each runs eagerly and compiled in one graph."""
+import collections
+import sys
+
+import pytest
+import torch
+
+import kiln
+from tests.utils import CompileCounter, assert_same, check_graphs
+
+
+def t(*shape):
+    return torch.randn(*shape)
+
+
+def min_max_of_tensors(a, b):
+    s, u = a.sum(), b.sum()
+    lo = min(max(s, 0), 1)
+    return max(s, u) - min(s, u) + lo, max([s, u, s * 2]), min(u, 0.5), a + b
+
+
+class _Pair(collections.namedtuple("_Pair", "a b")):
+    pass
+
+
+def frozenset_and_tuple_equality(x):
+    s = frozenset({x})
+    same = frozenset(s)
+    p, q = _Pair(x, 1), _Pair(x, 1)
+    return x + len(same), x in s, p == q, (x, 2) == (x, 3), [x] != [x], type(s) is frozenset
+
+
+class _Meta(type):
+    def __getattr__(cls, name):
+        return len(name)
+
+
+class _WithMeta(metaclass=_Meta):
+    attr = 3
+
+
+def metaclass_getattr_and_errors(x):
+    def f(a=1, b=2):
+        pass
+
+    try:
+        f.missing + 1
+    except AttributeError:
+        x = x.sin()
+    return x + _WithMeta.attr + _WithMeta.dynamic, len(f.__defaults__) * f.__code__.co_argcount
+
+
+class _Named:
+    def __str__(self):
+        return "named"
+
+
+def str_repr_and_sequences(x):
+    return str(_Named()), 3 * [x, 1], sum(4 * [x]), x * sys.getrecursionlimit()
+
+
+class _Countdown:
+    def __init__(self):
+        self.n = 3
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n == 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+def user_iterator(x):
+    for i, v in enumerate(_Countdown()):
+        x = x + i * v
+    return x
+
+
+def set_init_and_mappingproxy(x):
+    s = {1, 2}
+    s.__init__({3})
+    f = frozenset({4})
+    f.__init__({5})
+    keys = sorted(k for k, _ in vars(_Named).items() if not k.startswith("__") or k == "__str__")
+    return x + len(s) + (3 in s) + (5 in f), keys
+
+
+def modules_made_in_forward(x):
+    y = torch.nn.Softmax(dim=-1)(x)
+    return torch.nn.ReLU()(y - 0.2) + torch.nn.Dropout(0.0)(x)
+
+
+@pytest.mark.parametrize("fn", [min_max_of_tensors, frozenset_and_tuple_equality, metaclass_getattr_and_errors,
+                                str_repr_and_sequences, user_iterator, set_init_and_mappingproxy,
+                                modules_made_in_forward])
+def test_one_graph(fn):
+    args = (t(3), t(3)) if fn is min_max_of_tensors else (t(3),)
+    check_graphs(fn, *args, graphs=1, fullgraph=True)
+
+
+def test_a_changed_recursion_limit_recompiles():
+    counter = CompileCounter()
+    fn = lambda x: x * sys.getrecursionlimit()  # noqa: E731
+    compiled = kiln.compile(fn, backend=counter, fullgraph=True)
+    old = sys.getrecursionlimit()
+    try:
+        assert_same(fn, compiled, t(2))
+        sys.setrecursionlimit(old + 7)
+        assert_same(fn, compiled, t(2))
+    finally:
+        sys.setrecursionlimit(old)
+    assert counter.frame_count == 2
+
+
+def dict_keyed_by_sizes(x, cache):
+    if x.shape not in cache:
+        cache[x.shape] = x
+    return x + cache[x.shape]
+
+
+def test_existing_dict_keyed_by_sizes_one_graph():
+    cache_eager, cache_compiled = {}, {}
+    counter = CompileCounter()
+    compiled = kiln.compile(dict_keyed_by_sizes, backend=counter, fullgraph=True)
+    for _ in range(2):
+        x = t(2, 3)
+        torch.testing.assert_close(compiled(x, cache_compiled), dict_keyed_by_sizes(x, cache_eager))
+    assert list(cache_compiled) == list(cache_eager) == [torch.Size([2, 3])]
+    assert counter.frame_count == 2  # the second call finds the key the first added
+
+
+def module_with_parameters_made_in_forward(x):
+    return torch.nn.Linear(3, 3)(x)
+
+
+def test_module_with_parameters_made_in_forward_breaks_the_graph():
+    with pytest.raises(kiln.Unsupported, match="Linear"):
+        kiln.compile(module_with_parameters_made_in_forward, backend=CompileCounter(), fullgraph=True)(t(2, 3))
+
+
+def missing_argument(x):
+    class NeedsArg:
+        def __init__(self, value):
+            self.value = value
+
+    return NeedsArg(), x
+
+
+def test_unsupported_names_the_source_line():
+    with pytest.raises(kiln.Unsupported, match=r"NeedsArg\(\), x"):
+        kiln.compile(missing_argument, backend=CompileCounter(), fullgraph=True)(t(2))
