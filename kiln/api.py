@@ -87,6 +87,9 @@ class OptimizedModule(torch.nn.Module):
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
 
+    def __dir__(self):  # the original's attributes are reachable through this one (see __getattr__)
+        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
+
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
 

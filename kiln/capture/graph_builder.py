@@ -454,6 +454,11 @@ def _var_leaves(tree):
     return out
 
 
+def to_fake_tree(tree):
+    """Variables inside nested containers as the values a fake run sees (tensors: their fakes)."""
+    return _to_fake(tree)
+
+
 def _to_fake(tree):
     def conv(v):
         if isinstance(v, TensorVariable):

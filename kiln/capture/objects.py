@@ -14,7 +14,7 @@ import torch
 
 from kiln.capture import interpreter as interp
 from kiln.capture.disable import is_disabled_function
-from kiln.capture.graph_builder import is_library_module
+from kiln.capture.graph_builder import is_library_module, to_fake_tree
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
                                     DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
@@ -127,6 +127,8 @@ def dict_key(k):
     """The key a DictVariable stores for the key Variable `k` (see key_var)."""
     if isinstance(k, TensorVariable):
         return TensorKey(k)
+    if isinstance(k, ObjectVariable) and type(k.value).__hash__ is object.__hash__:
+        return k.value  # hashed by identity (a module, a plain object): its contents do not matter
     value = const_value(k, "dict key")
     try:
         hash(value)
@@ -837,9 +839,15 @@ def _object_attr(frame, obj, name, plain=False):
         return og.wrap(attr, AttrSource(source if source is not None else ConstSource(value), name),
                        guard=flag or not is_library_module(value))
     if isinstance(value, torch.nn.Module):
+        # Python's order: a data descriptor of the class (a property), the instance __dict__, any other
+        # class attribute (a method named like a submodule wins), and only then Module.__getattr__'s
+        # parameters, buffers and submodules
         d = value.__dict__
-        if name in d:
+        cls_attr = inspect.getattr_static(type(value), name, _NO)
+        if name in d and not (cls_attr is not _NO and hasattr(type(cls_attr), "__set__")):
             return og.wrap(d[name], AttrSource(source, name))
+        if cls_attr is not _NO:
+            return _class_attr(frame, obj, type(value), name)
         for store in ("_parameters", "_buffers", "_modules"):
             if name in d.get(store, ()):
                 return og.wrap(d[store][name], ItemSource(AttrSource(source, store), name))
@@ -1393,11 +1401,24 @@ def _set_grad_enabled(frame, args, kwargs):
     return GradModeVariable(mode, torch.set_grad_enabled, prior)
 
 
+def _initialize_lazy_module(og, mod, args, kwargs):
+    """A lazy module (nn.LazyLinear) makes its parameters from the shapes of its first inputs, as eager
+    does on the first call: natively, from the fake inputs' shapes, before capture reads the module
+    (which then has real parameters, and is guarded as any other)."""
+    fake_args, fake_kwargs = to_fake_tree((list(args), dict(kwargs)))
+    try:
+        mod._infer_parameters(mod, tuple(fake_args), fake_kwargs)
+    except Exception as e:
+        raise Unsupported(f"initializing lazy module {type(mod).__qualname__} raised {type(e).__name__}: {e}") from e
+
+
 def call_module(frame, mod_var, args, kwargs):
     """`module(*args)`: forward pre-hooks, forward, forward hooks — guarded on the hook dicts."""
     og, mod = frame.og, mod_var.value
     if mod_var.source is None:
         raise Unsupported("calling a module with no known origin")
+    if isinstance(mod, torch.nn.modules.lazy.LazyModuleMixin) and hasattr(mod, "_initialize_hook"):
+        _initialize_lazy_module(og, mod, args, kwargs)
     hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
     if not og.hook_globals_guarded:
         mm = og.guards.const(_MODULE_MOD, "MM")
@@ -1410,15 +1431,15 @@ def call_module(frame, mod_var, args, kwargs):
     if mod._backward_hooks or mod._backward_pre_hooks:
         raise Unsupported("module backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks
-    if "forward" in mod.__dict__:
-        raise Unsupported("a module whose instance overrides forward")
+    # the instance may override forward (mod.forward = ...): getattr_var reads and guards it then
+    own_forward = f"'forward' {'in' if 'forward' in mod.__dict__ else 'not in'} v.__dict__"
     if not (pre or post):  # the common case: one guard
         og.guards.add(mod_var.source, "not (v._forward_hooks or v._forward_pre_hooks or v._backward_hooks or "
-                                      "v._backward_pre_hooks) and 'forward' not in v.__dict__",
-                      f"{mod_var.source!r} has no hooks and the class's forward")
+                                      f"v._backward_pre_hooks) and {own_forward}",
+                      f"{mod_var.source!r} has no hooks and the same forward")
     else:
-        og.guards.add(mod_var.source, "not (v._backward_hooks or v._backward_pre_hooks) and "
-                                      "'forward' not in v.__dict__", f"{mod_var.source!r} has no backward hooks")
+        og.guards.add(mod_var.source, f"not (v._backward_hooks or v._backward_pre_hooks) and {own_forward}",
+                      f"{mod_var.source!r} has no backward hooks")
         for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
             vals = og.guards.const(tuple(getattr(mod, name).items()), "HOOKS")

@@ -302,6 +302,10 @@ def mapping_items(frame, v):
 
 
 # ---- builtins -----------------------------------------------------------------------------------
+_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
+                      torch.nn.ParameterDict)
+
+
 def builtin_len(frame, args, kwargs):
     v = args[0]
     if isinstance(v, TensorVariable):
@@ -316,8 +320,8 @@ def builtin_len(frame, args, kwargs):
         return model.call_method(frame, v, "__len__", [], {})
     if (own := own_dunder(v, "__len__")) is not None:
         return call(frame, own, [], {})
-    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not isinstance(getattr(v, "value", None), torch.nn.Module) \
-            and python_dunder(v.python_type(), "__len__"):
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and python_dunder(v.python_type(), "__len__") and \
+            not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS):  # (those: their children, guarded)
         return call(frame, getattr_var(frame, v, "__len__"), [], {})
     return const(len(unpack_iterable(frame, v)))
 

@@ -155,3 +155,77 @@ def missing_argument(x):
 def test_unsupported_names_the_source_line():
     with pytest.raises(kiln.Unsupported, match=r"NeedsArg\(\), x"):
         kiln.compile(missing_argument, backend=CompileCounter(), fullgraph=True)(t(2))
+
+
+# ---- nn.Module attribute lookup, lazy modules, overridden forward ----------------------------------------
+class _Base(torch.nn.Module):
+    def linear(self, x):
+        return x * 3.0
+
+
+class _Shadowed(_Base):
+    """A method of the class named like a submodule wins over it, as in Python's attribute lookup."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+        self.act = torch.nn.ReLU()
+        self.scale = 0.5
+
+    def act(self, x):
+        return x * 1.2
+
+    def forward(self, x):
+        return self.act(self.linear(x)) * self.scale
+
+
+class _Indexable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3), torch.nn.ReLU()])
+
+    def __getitem__(self, i):
+        return self.layers[i]
+
+    def __len__(self):
+        return len(self.layers)
+
+    def forward(self, x):
+        for i in range(len(self)):
+            x = self[i](x)
+        return x
+
+
+@pytest.mark.parametrize("make", [_Shadowed, _Indexable])
+def test_module_attribute_lookup_one_graph(make):
+    check_graphs(make(), t(2, 3), graphs=1, fullgraph=True)
+
+
+def test_lazy_module_is_initialized_from_its_first_inputs():
+    eager = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU())
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU())
+    x = t(2, 3)
+    counter = CompileCounter()
+    compiled = kiln.compile(lazy, backend=counter, fullgraph=True)
+    torch.manual_seed(0)  # both draw their weights on the first call
+    actual = compiled(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(actual, eager(x))
+    assert isinstance(lazy[0], torch.nn.Linear) and lazy[0].weight.shape == (4, 3)
+    torch.testing.assert_close(compiled(x), eager(x))
+    assert counter.frame_count == 1
+
+
+def test_instance_forward_override_and_module_keyed_dict():
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    mod = Plain()
+    mod.forward = lambda x: x - 1
+    weights = {mod: 3.0}
+
+    def fn(x):
+        return mod(x) * weights[mod]
+
+    check_graphs(fn, t(3), graphs=1, fullgraph=True)
