@@ -209,7 +209,7 @@ class Glue:
                 deletes.append(f"delattr({self.value(obj_var)}, {name!r})")
             else:
                 todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
-        for source, value in list(se.global_stores.items()) + list(se.cell_stores.values()):
+        for source, value in list(se.global_stores.values()) + list(se.cell_stores.values()):
             todo.append((f"{source.expr(self.ctx)} = {{}}", value))
         rendered = [(fmt, self.value(v)) for fmt, v in todo]
         self.finish_values()

@@ -829,6 +829,9 @@ def _object_attr(frame, obj, name, plain=False):
         if isinstance(hook, types.FunctionType):
             return call(frame, MethodVariable(hook, obj), [const(name)], {})
     if isinstance(value, types.ModuleType):
+        stored = og.side_effects.load_module_global(value.__dict__, name)
+        if stored is not None:  # a global of that module the frame (or a callee) has set
+            return stored
         try:
             attr = getattr(value, name)
         except AttributeError as e:
@@ -1194,6 +1197,9 @@ def _call_value(frame, fn_var, args, kwargs):
             return call_module(frame, og.wrap(fn, AttrSource(fn_var.source, "__kiln_orig__")
                                               if fn_var.source else None), args, kwargs)
     if isinstance(fn, torch.nn.Module):
+        own_call = inspect.getattr_static(type(fn), "__call__")
+        if own_call is not torch.nn.Module.__call__ and isinstance(own_call, types.FunctionType):
+            return call_python_function(frame, own_call, [fn_var] + list(args), kwargs)  # a subclass's __call__
         return call_module(frame, fn_var, args, kwargs)
     if isinstance(fn, types.MethodType):
         self_var = og.wrap(fn.__self__, AttrSource(fn_var.source, "__self__") if fn_var.source else None)

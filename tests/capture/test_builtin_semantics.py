@@ -229,3 +229,41 @@ def test_instance_forward_override_and_module_keyed_dict():
         return mod(x) * weights[mod]
 
     check_graphs(fn, t(3), graphs=1, fullgraph=True)
+
+
+_STORED_BY_CALLEE = 0
+
+
+def _store_global(x):
+    global _STORED_BY_CALLEE
+    _STORED_BY_CALLEE = 5
+    return x
+
+
+def test_global_stored_by_a_callee_is_read_back_through_its_module():
+    this_module = sys.modules[__name__]
+
+    def fn(x):
+        _store_global(x)
+        return x + this_module._STORED_BY_CALLEE
+
+    global _STORED_BY_CALLEE
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter, fullgraph=True)
+    x = t(3)
+    _STORED_BY_CALLEE = 0
+    torch.testing.assert_close(compiled(x), x + 5)
+    assert _STORED_BY_CALLEE == 5 and counter.frame_count == 1
+
+
+class _OwnCall(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+    def __call__(self, x):
+        return super().__call__(x) * 2
+
+
+def test_module_subclass_with_its_own_call_runs_it():
+    mod = _OwnCall()
+    check_graphs(lambda x: mod(x) - 1, t(3), graphs=1, fullgraph=True)
