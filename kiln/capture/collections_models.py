@@ -5,7 +5,7 @@ import collections
 from kiln.capture import objects
 from kiln.capture.objects import TypeModel, call, const_value, getitem, setitem, unpack_iterable
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_list_method
-from kiln.capture.variables import DequeVariable, MethodVariable, const
+from kiln.capture.variables import DequeVariable, GeneratorVariable, MethodVariable, const
 from kiln.exc import Unsupported
 
 
@@ -58,7 +58,11 @@ class DequeModel(TypeModel):
         if name in ("append", "appendleft"):
             _extend(d, [args[0]], left=name == "appendleft")
         elif name in ("extend", "extendleft"):
-            _extend(d, unpack_iterable(frame, args[0]), left=name == "extendleft")
+            if isinstance(args[0], GeneratorVariable):  # added as it yields: its code sees the deque grow
+                while (item := args[0].next()) is not None:
+                    _extend(d, [item], left=name == "extendleft")
+            else:
+                _extend(d, unpack_iterable(frame, args[0]), left=name == "extendleft")
         elif name in ("pop", "popleft"):
             if not d.items:
                 raise Unsupported(f"{name} from an empty deque", python_exception=IndexError(f"{name} from an empty deque"))

@@ -29,6 +29,13 @@ def _make_cell(*contents):
     return types.CellType(*contents)
 
 
+def _finished_generator():
+    """A new generator that has already finished (one capture ran to its end, or closed)."""
+    gen = (x for x in ())
+    gen.close()
+    return gen
+
+
 class Glue:
     def __init__(self, og):
         self.og = og
@@ -122,6 +129,8 @@ class Glue:
             return "slice(" + ", ".join(self.value(p) for p in var.parts) + ")"
         if isinstance(var, ExitVariable) and var.restores is not None:
             return self.const(GradModeExit.restoring(var.restores), "EXIT")
+        if isinstance(var, GeneratorVariable) and var.done:
+            return f"{self.const(_finished_generator, 'DONEGEN')}()"
         if isinstance(var, GeneratorVariable) and var.count == 0:
             return self._unstarted_generator(var)
         if isinstance(var, IteratorVariable):

@@ -26,7 +26,7 @@ from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
-                                    SliceVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable,
+                                    SliceVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable, Variable,
                                     is_constant)
 import torch._guards
 from kiln.exc import Unsupported
@@ -124,6 +124,8 @@ class OutputGraph:
     # ---- values from outside --------------------------------------------------------------------
     def wrap(self, value, source, guard=True):
         """The Variable for an existing object reached through `source`, with its guards."""
+        if isinstance(value, Variable):  # put into a real object capture made (a StopIteration's value)
+            return value
         known = self._by_id.get(id(value))
         if known is not None and not is_constant(value):
             if guard and source is not None and known.source is None:

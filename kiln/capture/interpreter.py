@@ -13,7 +13,7 @@ import sysconfig
 
 from kiln.capture import objects
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, ConstantVariable, DictVariable, ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
                                     IteratorVariable, ListVariable,
                                     NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
@@ -70,6 +70,7 @@ def instructions(code):
 
 
 _EXCEPTION_TABLES = {}
+ON_RETURN = []  # hooks (frame, returned Variable) run as a frame that made generators returns (generator_models)
 
 
 class _Yielded:
@@ -106,6 +107,9 @@ class Frame:
         self.kw_names = None
         self.depth = 0 if parent is None else parent.depth + 1
         self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
+        self.thrown, self.returned = None, None  # a generator frame: exception to raise on resuming; return value
+        self.made_generators = []  # generators this frame made by calling generator functions
+        self.exc_info = None  # the exception an except block of this frame is handling (bare `raise`, __context__)
         self.current = None
         if self.depth > MAX_INLINE_DEPTH:
             raise Unsupported("inlining depth limit reached (recursion?)")
@@ -143,6 +147,10 @@ class Frame:
         """Run to RETURN_VALUE and return the returned Variable; a generator frame also stops at each
         yield, returning a _Yielded."""
         capture = self.capture
+        if self.thrown is not None:  # gen.throw()/close(): the exception comes out of the paused yield
+            exc, self.thrown = self.thrown, None
+            if not self._handle_exception(self.insts[self.ip - 1], exc):
+                raise Unsupported(f"{type(exc).__name__} thrown into a generator", python_exception=exc)
         while True:
             inst = self.insts[self.ip]
             self.current = inst
@@ -198,7 +206,8 @@ class Frame:
 
     def PUSH_EXC_INFO(self, inst):
         exc = self.pop()
-        self.push(const(None))
+        self.push(self.exc_info or const(None))  # the exception handled before, restored by POP_EXCEPT
+        self.exc_info = exc
         self.push(exc)
 
     def CHECK_EXC_MATCH(self, inst):
@@ -207,7 +216,8 @@ class Frame:
         self.push(const(isinstance(exc.value, objects.const_value(cls))))
 
     def POP_EXCEPT(self, inst):
-        self.pop()
+        prior = self.pop()
+        self.exc_info = None if isinstance(prior, ConstantVariable) and prior.value is None else prior
 
     def RERAISE(self, inst):
         value = getattr(self.pop(), "value", None)
@@ -252,25 +262,54 @@ class Frame:
         self.push(const(None))  # what the yield expression gives when next() resumes the frame
         return (_Yielded(value),)
 
-    def resume_generator(self):
-        """Run this generator frame to its next yield: the yielded Variable, or None once it returns."""
+    def resume_generator(self, sent=None, thrown=None):
+        """Run this generator frame to its next yield: the yielded Variable, or None once it returns
+        (its return value is then in self.returned). `sent` replaces the None the paused yield gives;
+        `thrown` is raised at the paused yield instead."""
+        if sent is not None:
+            self.stack[-1] = sent
+        self.thrown = thrown
         out = self.run()
-        return out.value if isinstance(out, _Yielded) else None
+        if isinstance(out, _Yielded):
+            return out.value
+        self.returned = out
+        return None
+
+    def yield_from_target(self):
+        """The sub-iterator a paused `yield from` delegates to, or None (paused at a plain yield)."""
+        if self.ip >= 2 and self.insts[self.ip - 1].opname == "YIELD_VALUE" and self.insts[self.ip - 2].opname == "SEND":
+            return self.stack[-2]
+        return None
+
+    def finish_yield_from(self, value):
+        """Leave the paused `yield from` with `value` as its result (its sub-generator has returned)."""
+        del self.stack[-2:]
+        self.push(value)
+        self.jump(self.insts[self.ip - 2])
 
     def GET_YIELD_FROM_ITER(self, inst):
         self.push(objects.get_iter(self, self.pop()))
 
     def SEND(self, inst):
-        self.pop()  # the value sent in: always None for an inlined `yield from`
-        item = self.stack[-1].next() if isinstance(self.stack[-1], (IteratorVariable, GeneratorVariable)) else None
+        sent, it = self.pop(), self.stack[-1]
+        if isinstance(it, GeneratorVariable):
+            item = it.next(None if sent.is_constant() and sent.value is None else sent)
+        elif not (sent.is_constant() and sent.value is None):
+            raise Unsupported(f"send() into {type(it).__name__} through `yield from`")
+        else:
+            item = it.next() if isinstance(it, IteratorVariable) else None
         if item is None:
-            self.stack[-1] = const(None)  # the sub-iterator's return value
+            self.stack[-1] = it.return_value if isinstance(it, GeneratorVariable) else const(None)
             self.jump(inst)
         else:
             self.push(item)
 
     def RETURN_VALUE(self, inst):
-        return (self.pop(),)
+        value = self.pop()
+        if self.made_generators:
+            for hook in ON_RETURN:
+                hook(self, value)
+        return (value,)
 
     # ---- names ----------------------------------------------------------------------------------
     def LOAD_CONST(self, inst):
@@ -655,14 +694,33 @@ class Frame:
         self.push(ObjectVariable(AssertionError))
 
     def RAISE_VARARGS(self, inst):
-        if inst.arg == 1:
-            exc = self.pop()
-            value = getattr(exc, "value", None)
-            if isinstance(value, type) and issubclass(value, BaseException):
-                value = value()
-            if isinstance(value, BaseException):
-                raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
-        raise Unsupported("raise statement reached during capture")
+        handled = getattr(self.exc_info, "value", None)
+        if inst.arg == 0:  # bare `raise`: the exception being handled
+            if isinstance(handled, BaseException):
+                raise Unsupported(f"{type(handled).__name__} re-raised: {handled}", python_exception=handled)
+            raise Unsupported("bare raise outside an except block capture follows")
+        cause = self.pop() if inst.arg == 2 else None
+        value = _exception_instance(self.pop())
+        if inst.arg == 2:
+            cause_value = None if isinstance(cause, ConstantVariable) and cause.value is None else \
+                _exception_instance(cause)
+            if cause_value is None and not (isinstance(cause, ConstantVariable) and cause.value is None):
+                raise Unsupported("raise ... from something that is not an exception capture knows")
+            if value is not None:
+                value.__cause__ = cause_value  # also sets __suppress_context__, as `raise from` does
+        if value is None:
+            raise Unsupported("raise statement reached during capture")
+        if isinstance(handled, BaseException) and handled is not value:
+            value.__context__ = handled
+        raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
+
+
+def _exception_instance(v):
+    """The real exception a raise statement raises: an instance, or a class instantiated; else None."""
+    value = getattr(v, "value", None)
+    if isinstance(value, type) and issubclass(value, BaseException):
+        value = value()
+    return value if isinstance(value, BaseException) else None
 
 
 def bind_arguments(code, args, kwargs, defaults, kwdefaults):
@@ -722,7 +780,9 @@ def inline_call(parent, fn_code, f_globals, args, kwargs, defaults, kwdefaults, 
         cells[cname] = cell
     frame = Frame(parent.capture, fn_code, f_globals, bound, cells, parent=parent)
     if frame.is_generator:
-        return GeneratorVariable(frame)  # runs as it is consumed
+        gen = GeneratorVariable(frame)  # runs as it is consumed
+        parent.made_generators.append(gen)
+        return gen
     return frame.run()
 
 

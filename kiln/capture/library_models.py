@@ -86,6 +86,20 @@ for _query in (sys.getrecursionlimit, sys.getdefaultencoding, sys.getfilesysteme
     BUILTIN_HANDLERS[_query] = _guarded_query(_query)
 
 
+def _with_traceback(frame, args, kwargs):
+    """BaseException.with_traceback(None) on an exception raised during capture (unittest's assertRaises
+    drops the traceback so): it has no traceback capture knows of to keep. Returns the exception."""
+    exc, tb = args[0], args[1] if len(args) > 1 else None
+    if not (isinstance(exc, ObjectVariable) and exc.source is None and isinstance(exc.value, BaseException)
+            and isinstance(tb, ConstantVariable) and tb.value is None):
+        raise Unsupported("with_traceback on an exception that exists outside the capture")
+    exc.value.__traceback__ = None
+    return exc
+
+
+BUILTIN_HANDLERS[BaseException.with_traceback] = _with_traceback
+
+
 # ---- methods of builtin types ---------------------------------------------------------------------
 _IMMUTABLE = (str, bytes, tuple, int, float, complex, frozenset, range, bool)
 # methods that neither change their receiver nor hand out something that does (iterators, views)

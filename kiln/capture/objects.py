@@ -62,6 +62,7 @@ TYPE_MODELS = {}  # type of an existing object -> TypeModel
 VARIABLE_MODELS = {}  # a Variable class modelled in its own module (function_objects.py) -> TypeModel
 MODULE_MODELS = {}  # top-level library module whose callables capture models as a whole ("numpy") -> TypeModel
 TENSOR_METHODS = {}  # Tensor method modelled in another module ("numpy") -> handler(frame, t, args, kwargs)
+CONSTRUCTORS = {}  # library class whose construction another module models -> handler(frame, args, kwargs)
 
 
 def model_of(v):
@@ -1279,8 +1280,8 @@ def fold_natively(og, fn, args, kwargs):
 
 def _construct(frame, cls_var, cls, args, kwargs):
     og = frame.og
-    if cls in (torch.no_grad, torch.enable_grad):
-        return GradModeVariable(cls is torch.enable_grad, cls)
+    if (make := CONSTRUCTORS.get(cls)) is not None:
+        return make(frame, args, kwargs)
     if cls is torch.set_grad_enabled:
         return _set_grad_enabled(frame, args, kwargs)
     if issubclass(cls, torch.amp.autocast_mode.autocast):

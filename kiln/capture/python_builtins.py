@@ -137,7 +137,11 @@ def call_list_method(frame, lst, name, args, kwargs):
         lst.items.append(args[0])
         result = const(None)
     elif name == "extend":
-        lst.items.extend(unpack_iterable(frame, args[0]))
+        if isinstance(args[0], GeneratorVariable):  # appended as it yields: its code sees the list grow
+            while (item := args[0].next()) is not None:
+                lst.items.append(item)
+        else:
+            lst.items.extend(unpack_iterable(frame, args[0]))
         result = const(None)
     elif name == "insert":
         lst.items.insert(const_value(args[0]), args[1])
@@ -401,6 +405,8 @@ def _b_next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, (IteratorVariable, GeneratorVariable)):
         raise Unsupported(f"next() on {describe(it)}")
+    if isinstance(it, GeneratorVariable) and len(args) == 1:
+        return call_method(frame, it, "__next__", [], {})  # its StopIteration carries the return value
     item = it.next()
     if item is None:
         if len(args) > 1:

@@ -352,25 +352,32 @@ class IteratorVariable(Variable):
 
 class GeneratorVariable(Variable):
     """A generator made during capture by calling a generator function. Its frame runs lazily, to the
-    next yield on each `next()`, so its side effects interleave with its consumer's as in CPython."""
+    next yield on each `next()`, so its side effects interleave with its consumer's as in CPython.
+    `return_value`: what the frame returned, once done (StopIteration's value)."""
     MAX_ITEMS = 100_000
 
     def __init__(self, frame):
-        self.frame, self.done, self.count = frame, False, 0
+        self.frame, self.done, self.count, self.return_value = frame, False, 0, ConstantVariable(None)
 
     def python_type(self):
         return types.GeneratorType
 
-    def next(self):
-        """The next yielded Variable, or None once the generator has returned."""
+    def next(self, sent=None, thrown=None):
+        """Resume to the next yield: the yielded Variable, or None once the generator has returned.
+        `sent`: the value the paused yield evaluates to (send); `thrown`: an exception raised there
+        (throw, close). An exception leaving the frame ends the generator, as in CPython."""
         if self.done:
             return None
         self.count += 1
         if self.count > self.MAX_ITEMS:
             raise Unsupported("generator yields too many values")
-        item = self.frame.resume_generator()
-        if item is None:
+        try:
+            item = self.frame.resume_generator(sent, thrown)
+        except Unsupported:
             self.done = True
+            raise
+        if item is None:
+            self.done, self.return_value = True, self.frame.returned
         return item
 
 

@@ -156,6 +156,58 @@ def grad_decorator_applied_in_frame(x):
     return f(x), g(x), torch.is_grad_enabled()
 
 
+@torch.inference_mode()
+def _inference_sin(a):
+    return a.sin()
+
+
+@torch.inference_mode
+def _inference_cos(a):
+    return a.cos()
+
+
+def inference_mode_blocks(x):
+    with torch.inference_mode():
+        y = x * 2
+        with torch.inference_mode(False):
+            z = x + 1
+    return y + 1, z, _inference_sin(x) + _inference_cos(x), y.requires_grad, z.requires_grad
+
+
+def grad_mode_classes_called_on_functions(x):
+    def inner(a):
+        return a.sin()
+
+    with torch.no_grad():
+        with_grad = torch.enable_grad(inner)  # decorates without a call, and changes no mode here
+        assert not torch.is_grad_enabled()
+    with torch.set_grad_enabled(False):
+        @torch.set_grad_enabled(True)
+        def also_with_grad(a):
+            return a.cos()
+        assert not torch.is_grad_enabled()
+    with torch.no_grad():
+        return with_grad(x), torch.no_grad(inner)(x), also_with_grad(x)
+
+
+class _SwitchesGradItself:
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __enter__(self):
+        self.prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(self.mode)
+
+    def __exit__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+
+
+def user_context_manager_setting_grad(x):
+    with _SwitchesGradItself(False):
+        y = x * 2
+    return y, x * 3
+
+
 @contextlib.contextmanager
 def _recording(log, value):
     log.append("enter")
@@ -180,8 +232,9 @@ def torchscript_hooks(x):
     return torch.jit.annotate(torch.Tensor, x + a[0])
 
 
-@pytest.mark.parametrize("fn", [nested_grad_decorators, grad_decorator_applied_in_frame, contextmanager_block,
-                                torchscript_hooks])
+@pytest.mark.parametrize("fn", [nested_grad_decorators, grad_decorator_applied_in_frame, inference_mode_blocks,
+                                grad_mode_classes_called_on_functions, user_context_manager_setting_grad,
+                                contextmanager_block, torchscript_hooks])
 def test_context_and_decorators_one_graph(fn):
     check_graphs(fn, t(3).requires_grad_(), graphs=1, fullgraph=True)
 
