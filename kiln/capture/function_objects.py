@@ -7,14 +7,15 @@ getattr(f, name, default) and hasattr catch, as in CPython. Registers its models
 """
 import functools
 import inspect
+import operator
 import types
 
-from kiln.capture import objects
+from kiln.capture import glue, objects
 from kiln.capture.objects import TypeModel, call, describe, make_tuple
 from kiln.capture.python_builtins import BUILTIN_HANDLERS
 from kiln.capture.sources import AttrSource
 from kiln.capture.variables import (ConstantVariable, DictVariable, FunctionVariable, MethodVariable, ObjectVariable,
-                                    PartialVariable, const)
+                                    PartialVariable, Variable, const)
 from kiln.exc import Unsupported
 
 
@@ -177,6 +178,48 @@ class PartialModel(TypeModel):
 
 BUILTIN_HANDLERS[functools.partial] = make_partial
 objects.VARIABLE_MODELS[PartialVariable] = PartialModel()
+
+
+# ---- operator.methodcaller -------------------------------------------------------------------------
+class MethodCallerVariable(Variable):
+    """operator.methodcaller(name, *args, **kwargs) made in the frame (its arguments may be tensors)."""
+
+    def __init__(self, name, args, kwargs):
+        self.name, self.args, self.kwargs = name, args, kwargs
+
+    def python_type(self):
+        return operator.methodcaller
+
+
+def make_methodcaller(frame, args, kwargs):
+    if not args or not isinstance(args[0], ConstantVariable) or not isinstance(args[0].value, str):
+        raise Unsupported("methodcaller needs a method name", python_exception=TypeError("method name must be a string"))
+    return MethodCallerVariable(args[0].value, list(args[1:]), dict(kwargs))
+
+
+class MethodCallerModel(TypeModel):
+    def call(self, frame, mc, args, kwargs):
+        if len(args) != 1 or kwargs:
+            raise Unsupported("methodcaller takes one argument", python_exception=TypeError("methodcaller"))
+        if isinstance(mc, MethodCallerVariable):
+            name, pre, kw = mc.name, mc.args, mc.kwargs
+        else:  # an existing one: its parts, as pickling sees them
+            maker, parts = mc.value.__reduce__()
+            kw = {k: objects.wrap_const(frame.og, v) for k, v in getattr(maker, "keywords", {}).items()}
+            names = getattr(maker, "args", ()) + parts
+            name, pre = names[0], [objects.wrap_const(frame.og, a) for a in names[1:]]
+        return call(frame, objects.getattr_var(frame, args[0], name), pre, kw)
+
+
+def _rebuild_methodcaller(g, mc):
+    parts = [repr(mc.name)] + [g.value(a) for a in mc.args] + [f"{k}={g.value(v)}" for k, v in mc.kwargs.items()]
+    return f"{g.const(operator.methodcaller, 'MCALLER')}({', '.join(parts)})"
+
+
+objects.CONSTRUCTORS[operator.methodcaller] = make_methodcaller
+objects.VARIABLE_MODELS[MethodCallerVariable] = MethodCallerModel()
+objects.TYPE_MODELS[operator.methodcaller] = MethodCallerModel()
+glue.REBUILDERS[MethodCallerVariable] = _rebuild_methodcaller
 
 
 # ---- lru_cache / cache wrappers -------------------------------------------------------------------

@@ -25,8 +25,34 @@ from kiln.exc import Unsupported
 _LITERAL_TYPES = (int, bool, str, type(None), bytes)
 
 
+MUTATION_WRITERS = []  # fn(glue, container, target) -> [(format, value Variable or None)] or None (not its kind)
+REBUILDERS = {}  # a Variable kind defined in its own module -> fn(glue, var) -> an expression that rebuilds it
+
+
 def _make_cell(*contents):
     return types.CellType(*contents)
+
+
+def _new_instance(cls, items):
+    """An instance of a user subclass of list/tuple/dict holding `items`, made past the subclass's own
+    __new__/__init__/__setitem__ (they ran during capture already, or never: a rebuild only restores)."""
+    if issubclass(cls, tuple):
+        return tuple.__new__(cls, items)
+    base = list if issubclass(cls, list) else collections.OrderedDict if issubclass(cls, collections.OrderedDict) \
+        else dict
+    obj = base.__new__(cls)
+    if base is list:
+        list.extend(obj, items)
+    else:
+        for k, v in items.items():
+            base.__setitem__(obj, k, v)
+    return obj
+
+
+def _user_container(cls):
+    """A user's (heap) subclass of list/tuple/dict that a rebuild makes with _new_instance."""
+    return cls not in (list, tuple, dict) and bool(cls.__flags__ & (1 << 9)) and not hasattr(cls, "_fields") and \
+        not (cls.__module__ == "collections" or cls.__module__.startswith(("torch", "transformers")))
 
 
 def _finished_generator():
@@ -44,6 +70,7 @@ class Glue:
         self.outputs = []      # TensorVariables the graph must return, in order
         self._out_index = {}
         self._tmp = {}         # id(Variable) -> temp name
+        self._alive = []       # the Variables named in _tmp, kept so their ids stay theirs
         self._n = 0
         self._deferred = []    # lines that fill objects/cells after all of them exist
 
@@ -72,12 +99,14 @@ class Glue:
                 return repr(specialize(var))  # an expression of sizes: pinned by the shape guards
             name = self._new_tmp()  # a dynamic size itself: read again from the input at run time
             self._tmp[id(var)] = name
+            self._alive.append(var)
             self.emit(f"{name} = {found[0].expr(self.ctx)}.size({found[1]})")
             return name
         if isinstance(var, interp.RealCell):
             return var.source.expr(self.ctx).rsplit(".cell_contents", 1)[0]
         name = self._new_tmp()
         self._tmp[id(var)] = name
+        self._alive.append(var)  # a temporary one (made to render a __dict__) must keep its id while named
         self.emit(f"{name} = {self._build(var, name)}")
         return name
 
@@ -99,6 +128,8 @@ class Glue:
         if isinstance(var, ListVariable):
             body = "[" + ", ".join(self.value(i) for i in var.items) + "]"
             self._set_attributes(name, {}, DictVariable(var.attrs))
+            if _user_container(var.cls):
+                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
             return body if var.cls is list else f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, TupleVariable):
             items = ", ".join(self.value(i) for i in var.items)
@@ -106,7 +137,12 @@ class Glue:
                 return f"({items}{',' if len(var.items) == 1 else ''})"
             if hasattr(var.cls, "_fields"):
                 return f"{self.const(var.cls, 'CLS')}({items})"
-            return f"{self.const(var.cls, 'CLS')}(({items}{',' if len(var.items) == 1 else ''}))"
+            if var.attrs:  # an instance of a tuple subclass has a __dict__
+                self._set_attributes(name, {}, DictVariable(var.attrs))
+            body = f"({items}{',' if len(var.items) == 1 else ''})"
+            if _user_container(var.cls):
+                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
+            return f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, SetVariable):
             body = "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
             return body if var.cls is set else f"frozenset({body})"
@@ -120,6 +156,9 @@ class Glue:
             factory = getattr(var, "default_factory", None)
             if factory is not None:
                 return f"{self.const(var.cls, 'CLS')}({self.value(factory)}, {body})"
+            if _user_container(var.cls):
+                self._set_attributes(name, {}, DictVariable(var.attrs))
+                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
             return f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, NDArrayVariable):
             if var.source is not None:
@@ -166,6 +205,8 @@ class Glue:
                 return f"{obj}.{var.fn}"
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
+        if (rebuild := REBUILDERS.get(type(var))) is not None:
+            return rebuild(self, var)
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
 
     def _set_attributes(self, name, attrs, instance_dict):
@@ -203,7 +244,11 @@ class Glue:
         todo = []  # (format with {} for the value, value Variable)
         for container in se.mutated:
             target = container.source.expr(self.ctx)
-            if isinstance(container, DequeVariable):  # a deque has no slice assignment
+            written = next((w for w in (writer(self, container, target) for writer in MUTATION_WRITERS)
+                            if w is not None), None)
+            if written is not None:
+                todo.extend(written)
+            elif isinstance(container, DequeVariable):  # a deque has no slice assignment
                 todo.append((f"__q = {target}; __q.clear(); __q.extend({{}})", ListVariable(container.items)))
             elif isinstance(container, ListVariable):
                 todo.append((f"{target}[:] = {{}}", ListVariable(container.items)))
@@ -220,10 +265,10 @@ class Glue:
                 todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
         for source, value in list(se.global_stores.values()) + list(se.cell_stores.values()):
             todo.append((f"{source.expr(self.ctx)} = {{}}", value))
-        rendered = [(fmt, self.value(v)) for fmt, v in todo]
+        rendered = [(fmt, None if v is None else self.value(v)) for fmt, v in todo]
         self.finish_values()
         for fmt, v in rendered:
-            self.emit(fmt.format(v))
+            self.emit(fmt if v is None else fmt.format(v))
         for line in deletes:
             self.emit(line)
 

@@ -48,6 +48,7 @@ def is_library_module(mod):
 # Types whose existing values another module wraps (numpy_support: ndarrays): type -> fn(og, value,
 # source, guard) -> Variable. They register here, so this module imports none of them.
 VALUE_WRAPPERS = {}
+SUBCLASS_WRAPPERS = {}  # builtin base (list) -> fn(og, value, source, guard) for instances of its subclasses, or None
 
 
 class GradModeBreak(Unsupported):
@@ -201,6 +202,11 @@ class OutputGraph:
                 else:
                     g.id_match(source, value)
             return ObjectVariable(value, source)
+        for base in type(value).__mro__[1:]:  # an instance of a list/tuple/dict subclass (container_subclasses)
+            if (wrapper := SUBCLASS_WRAPPERS.get(base)) is not None:
+                if (var := wrapper(self, value, source, guard)) is not None:
+                    return var
+                break
         if isinstance(value, enum.Enum):  # members are singletons: identity says everything
             if g:
                 g.id_match(source, value)

@@ -12,7 +12,10 @@ Imported once by convert.py: each model registers itself in objects.TYPE_MODELS 
 python_builtins.BUILTIN_HANDLERS, so the lower modules never import this one.
 """
 import collections
+import enum
+import inspect
 import os
+import pathlib
 import sys
 import types
 
@@ -98,6 +101,69 @@ def _with_traceback(frame, args, kwargs):
 
 
 BUILTIN_HANDLERS[BaseException.with_traceback] = _with_traceback
+
+
+def _fspath(frame, args, kwargs):
+    """os.fspath: a str/bytes or a pathlib path capture knows by value runs natively; another object's
+    own Python __fspath__ is followed (a path made in the frame)."""
+    path = args[0] if args else kwargs.get("path")
+    known = isinstance(path, ConstantVariable) or isinstance(path, ObjectVariable) and not path.opaque and \
+        isinstance(path.value, pathlib.PurePath)
+    if known:
+        return _run_natively(frame, os.fspath, "os.fspath", [path], {})
+    if isinstance(inspect.getattr_static(path.python_type(), "__fspath__", None), types.FunctionType):
+        return objects.call(frame, objects.getattr_var(frame, path, "__fspath__"), [], {})
+    raise Unsupported(f"os.fspath of {describe(path)}")
+
+
+def _enum_member(frame, cls, args, kwargs):
+    """`SomeEnum(value)`: the member with that value (Enum's lookup, _missing_ included), run natively on
+    a constant value; members are fixed objects."""
+    if len(args) != 1 or kwargs or not isinstance(args[0], ConstantVariable):
+        raise Unsupported(f"constructing {cls.__qualname__} from values capture does not know")
+    return objects.fold_natively(frame.og, cls, args, {})
+
+
+def _path(cls):
+    """pathlib paths of constant parts: immutable values, made natively (no file system access)."""
+    def construct(frame, args, kwargs):
+        if kwargs or not all(isinstance(a, ConstantVariable) or isinstance(a, ObjectVariable) and not a.opaque
+                             and isinstance(a.value, pathlib.PurePath) for a in args):
+            raise Unsupported(f"{cls.__name__} of values capture does not know")
+        return _run_natively(frame, cls, cls.__name__, args, {})
+    return construct
+
+
+class PurePathModel(TypeModel):
+    """A pathlib path known by value is an immutable value: its operators (`/`), properties and the
+    methods of PurePath (no file system access) run natively; Path's I/O methods break the graph."""
+    protocols = True
+
+    def attribute(self, frame, path, name):
+        raw = inspect.getattr_static(pathlib.PurePath, name, None)
+        if raw is None or name.startswith("_") and name not in ("__fspath__", "__str__", "__class__"):
+            raise Unsupported(f"attribute {name!r} of a path (not a pure path operation)")
+        if isinstance(raw, types.FunctionType) or callable(raw) and not isinstance(raw, type):
+            return objects.MethodVariable(name, path)
+        return _run_natively(frame, lambda: getattr(path.value, name), f"path.{name}", [], {})
+
+    def call_method(self, frame, path, name, args, kwargs):
+        if inspect.getattr_static(pathlib.PurePath, name, None) is None:
+            raise Unsupported(f"Path.{name} (file system access)")
+        return _run_natively(frame, getattr(path.value, name), f"path.{name}", args, kwargs)
+
+    def operator(self, frame, op, args):
+        if all(isinstance(a, ConstantVariable) or isinstance(a, ObjectVariable) and not a.opaque for a in args):
+            return _run_natively(frame, op, op.__name__, args, {})
+        return None
+
+
+BUILTIN_HANDLERS[os.fspath] = _fspath
+BUILTIN_HANDLERS[sys.intern] = lambda frame, args, kwargs: objects.fold_natively(frame.og, sys.intern, args, kwargs)
+for _cls in (pathlib.PurePath, pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.Path, type(pathlib.Path())):
+    objects.CONSTRUCTORS[_cls] = _path(_cls)
+    objects.TYPE_MODELS[_cls] = PurePathModel()
+objects.CONSTRUCTORS[enum.EnumMeta] = _enum_member
 
 
 # ---- methods of builtin types ---------------------------------------------------------------------

@@ -62,7 +62,9 @@ TYPE_MODELS = {}  # type of an existing object -> TypeModel
 VARIABLE_MODELS = {}  # a Variable class modelled in its own module (function_objects.py) -> TypeModel
 MODULE_MODELS = {}  # top-level library module whose callables capture models as a whole ("numpy") -> TypeModel
 TENSOR_METHODS = {}  # Tensor method modelled in another module ("numpy") -> handler(frame, t, args, kwargs)
-CONSTRUCTORS = {}  # library class whose construction another module models -> handler(frame, args, kwargs)
+SUBCLASS_CONSTRUCTORS = {}  # builtin base (list) -> handler(frame, cls, args, kwargs) for its subclasses, or None
+CONSTRUCTORS = {}  # library class whose construction another module models -> handler(frame, args, kwargs);
+# a metaclass (EnumMeta) -> handler(frame, cls, args, kwargs) for every class made with it
 
 
 def model_of(v):
@@ -319,6 +321,11 @@ def apply_operator(frame, op, args):
     og = frame.og
     for a in args:
         if (model := model_of(a)) is not None and (result := model.operator(frame, op, args)) is not None:
+            return result
+    if len(args) == 2 and (name := _DUNDERS.get(op)) and op is not operator.getitem and \
+            (own := own_dunder(args[0], name)) is not None:  # a list/tuple subclass's own operator
+        result = call(frame, own, args[1:], {})
+        if not _not_implemented(result):
             return result
     if op is operator.not_:
         return const(not truth(frame, args[0]))
@@ -960,6 +967,7 @@ def setattr_var(frame, obj, name, value):
             obj.python_type() not in _BUILTIN_CONTAINER_TYPES and hasattr(obj.python_type(), "__dict__") and \
             "__slots__" not in vars(obj.python_type()):
         obj.attrs[name] = value  # an instance of a list/tuple/dict subclass has a __dict__
+        og.side_effects.mark_mutated(obj)  # one from outside gets it written back
         return None
     if isinstance(obj, FreshObjectVariable):
         hook = inspect.getattr_static(obj.cls, "__setattr__", None)
@@ -1003,6 +1011,9 @@ def call(frame, fn, args, kwargs):
         return _call_value(frame, fn, args, kwargs)
     if (model := VARIABLE_MODELS.get(type(fn))) is not None:
         return model.call(frame, fn, args, kwargs)
+    if isinstance(fn, FreshObjectVariable) and \
+            isinstance(call_attr := inspect.getattr_static(fn.cls, "__call__", None), types.FunctionType):
+        return call_python_function(frame, call_attr, [fn] + list(args), kwargs)  # an instance made in the frame
     raise Unsupported(f"calling {describe(fn)}")
 
 
@@ -1280,8 +1291,8 @@ def fold_natively(og, fn, args, kwargs):
 
 def _construct(frame, cls_var, cls, args, kwargs):
     og = frame.og
-    if (make := CONSTRUCTORS.get(cls)) is not None:
-        return make(frame, args, kwargs)
+    if (make := CONSTRUCTORS.get(cls) or CONSTRUCTORS.get(type(cls))) is not None:  # the class, or its metaclass
+        return make(frame, args, kwargs) if cls in CONSTRUCTORS else make(frame, cls, args, kwargs)
     if cls is torch.set_grad_enabled:
         return _set_grad_enabled(frame, args, kwargs)
     if issubclass(cls, torch.amp.autocast_mode.autocast):
@@ -1297,6 +1308,11 @@ def _construct(frame, cls_var, cls, args, kwargs):
         if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or cls.__module__ == "builtins":
             return fold_natively(og, cls, args, kwargs)
         raise Unsupported(f"constructing {cls.__qualname__}")
+    for base in cls.__mro__[1:]:  # a subclass of list/tuple/dict (container_subclasses)
+        if (make := SUBCLASS_CONSTRUCTORS.get(base)) is not None:
+            if (made := make(frame, cls, args, kwargs)) is not None:
+                return made
+            break
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         values = dict(zip(cls._fields, args))
         values.update(kwargs)
@@ -1307,8 +1323,6 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return TupleVariable([values[f] for f in cls._fields], cls=cls)
     if _is_model_output(cls):
         return _model_output(frame, cls, args, kwargs)
-    if _container_subclass(cls, list) or _container_subclass(cls, dict):
-        return _construct_container(frame, cls, args, kwargs)
     if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
         raise Unsupported(f"constructing {cls.__qualname__}")
     if cls.__new__ is not object.__new__:
@@ -1340,26 +1354,6 @@ def _construct_module(frame, cls, args, kwargs):
         torch.random.set_rng_state(rng)
         raise Unsupported(f"creating module {cls.__qualname__} (with parameters or buffers) inside compiled code")
     return frame.og.wrap(module, ConstSource(module))
-
-
-def _container_subclass(cls, base):
-    """A subclass of list/dict whose storage is the base's: its own Python methods (an __init__, a
-    __getitem__) run over a ListVariable/DictVariable of the subclass (see own_dunder)."""
-    if not issubclass(cls, base) or cls is base or cls.__new__ is not base.__new__:
-        return False
-    return not any(_python_dunder(cls, name) for name in ("__new__", "__setattr__", "__getattribute__"))
-
-
-def _construct_container(frame, cls, args, kwargs):
-    """`cls(*args, **kwargs)` for a list or dict subclass: an empty container of the subclass, then its
-    __init__ (the subclass's own Python one, or the base's)."""
-    var = ListVariable([], cls=cls) if issubclass(cls, list) else DictVariable({}, cls=cls)
-    init = inspect.getattr_static(cls, "__init__", None)
-    if isinstance(init, types.FunctionType):
-        call_python_function(frame, init, [var] + list(args), kwargs)
-    else:
-        call_method(frame, var, "__init__", list(args), kwargs)
-    return var
 
 
 _BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)

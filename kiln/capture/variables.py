@@ -134,6 +134,8 @@ class SymNodeVariable(Variable):
 
 
 class _Sequence(Variable):
+    mutated = False
+
     def __init__(self, items, source=None):
         self.items, self.source = list(items), source
         self.attrs = {}  # the __dict__ of an instance of a list/tuple subclass

@@ -3,8 +3,12 @@ functools (partial, wraps, lru_cache), collections (defaultdict, Counter, Ordere
 Each program runs eagerly and compiled; results, argument state and graph counts are compared."""
 import collections
 import copy
+import enum
 import functools
+import gc
 import os
+import pathlib
+import weakref
 
 import pytest
 import torch
@@ -401,3 +405,55 @@ def test_del_of_an_existing_objects_attribute_is_replayed():
     x = t(2)
     torch.testing.assert_close(kiln.compile(run, backend=CompileCounter(), fullgraph=True)(compiled, x), run(eager, x))
     assert not hasattr(compiled, "v") and not hasattr(eager, "v")
+
+
+# ---- weak references, enum lookups, paths, callable instances made in the frame -------------------------------
+class _Padding(str, enum.Enum):
+    LONGEST = "longest"
+    MAX_LENGTH = "max_length"
+
+    @classmethod
+    def _missing_(cls, value):
+        raise ValueError(f"{value} is not a valid padding")
+
+
+class _AddsOne:
+    def __call__(self, x):
+        return x + 1
+
+
+def values_of_the_library(x):
+    ref = weakref.ref(x)
+    pad = _Padding("longest")
+    try:
+        _Padding("nope")
+    except ValueError:
+        x = x * 2
+    path = os.fspath(pathlib.Path("a") / "b")
+    return ref() * 3, pad is _Padding.LONGEST, path, os.fspath("."), _AddsOne()(x)
+
+
+def test_library_values_one_graph():
+    check_graphs(values_of_the_library, t(3), graphs=1, fullgraph=True)
+
+
+def test_weakref_passed_in_is_dereferenced_and_guarded():
+    def fn(ref, y):
+        target = ref()
+        return torch.sin(y) if target is None else y + target
+
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter, fullgraph=True)
+    w, y = t(3), t(3)
+    ref = weakref.ref(w)
+    torch.testing.assert_close(compiled(ref, y), y + w)
+    del w
+    gc.collect()
+    torch.testing.assert_close(compiled(ref, y), torch.sin(y))  # the referent died: recompiled
+    assert counter.frame_count == 2
+
+
+def test_weakref_made_in_frame_is_returned_as_one():
+    x = t(2)
+    out, ref = kiln.compile(lambda a: (a + 1, weakref.ref(a)), backend=CompileCounter(), fullgraph=True)(x)
+    assert ref() is x
