@@ -114,10 +114,14 @@ class GuardSet:
 
     def keys_match(self, source, value):
         keys = self.const(tuple(value.keys()), "KEYS")
-        check = f"type(v) is {self.ref(type(value), 'T')} and tuple(v) == {keys}"
-        if not all(type(k) in (str, int) for k in value):  # (2, 3) == torch.Size([2, 3]): types too
-            check += f" and tuple(map(type, v)) == {self.const(tuple(map(type, value)), 'KEYTYPES')}"
-        self.add(source, check, f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
+        if any(isinstance(k, torch.Tensor) for k in value):  # tensor keys compare by identity, as a dict does
+            same = f"len(v) == {len(value)} and all(a is b for a, b in zip(v, {keys}))"
+        else:
+            same = f"tuple(v) == {keys}"
+            if not all(type(k) in (str, int) for k in value):  # (2, 3) == torch.Size([2, 3]): types too
+                same += f" and tuple(map(type, v)) == {self.const(tuple(map(type, value)), 'KEYTYPES')}"
+        self.add(source, f"type(v) is {self.ref(type(value), 'T')} and {same}",
+                 f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
 
     def autocast_match(self):
         """The autocast state around the call: fake tensors took their dtypes from it, and code may

@@ -120,13 +120,15 @@ class AttrSource(Source):
 
 
 class ItemSource(Source):
-    """base[key] for a constant key (an int or str written as is, others interned: torch.Size)."""
+    """base[key] for a constant key (an int or str written as is; others interned: torch.Size, a class, a
+    tuple, ...)."""
 
     def __init__(self, base, index):
         self.base, self.index = base, index
 
     def expr(self, ctx):
-        key = repr(self.index) if type(self.index) in (int, str) else ctx.const(self.index, "KEY")
+        literal = type(self.index) in (int, str, bytes, bool, type(None))
+        key = repr(self.index) if literal else ctx.const(self.index, "KEY")
         return f"{ctx.sub(self.base)}[{key}]"
 
     def key(self):
@@ -174,3 +176,19 @@ class TupleSource(Source):
 
     def __repr__(self):
         return "(" + ", ".join(repr(s) for s in self.sources) + ")"
+
+
+class ConvertedSource(Source):
+    """`fn(base)` for a pure conversion `fn` (torch.from_numpy of an ndarray that came from outside)."""
+
+    def __init__(self, fn, base):
+        self.fn, self.base = fn, base
+
+    def expr(self, ctx):
+        return f"{ctx.const(self.fn, 'CONV')}({ctx.sub(self.base)})"
+
+    def key(self):
+        return ("conv", id(self.fn), self.base.key())
+
+    def __repr__(self):
+        return f"{getattr(self.fn, '__name__', 'convert')}({self.base!r})"
