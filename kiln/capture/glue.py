@@ -18,7 +18,7 @@ from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVari
                                     DictVariable, DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator,
                                     MapIterator, SequenceIterator, ZipIterator,
                                     FreshObjectVariable, GeneratorVariable, GradModeExit,
-                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable, NDArrayVariable,
+                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable, NDArrayVariable, ObjectIterator,
                                     ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable)
 from kiln.capture.graph_builder import python_expr
@@ -190,6 +190,8 @@ class Glue:
             return f"{self.const(_finished_generator, 'DONEGEN')}()"
         if isinstance(var, GeneratorVariable) and var.count == 0:
             return self._unstarted_generator(var)
+        if isinstance(var, ObjectIterator):
+            return self.value(var.obj)
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
         if isinstance(var, (SequenceIterator, DictIterator, DictViewVariable, MapIterator, ZipIterator,

@@ -142,6 +142,8 @@ class GuardSet:
             if id(klass) in self._classes or not class_watch.can_change(klass):
                 continue
             self._classes.add(id(klass))
+            if _held_weakly(klass):
+                self.liveness.ref(klass)  # a class made at run time: the entry goes when it dies
             self.add(None, class_watch.guard_expression(klass, self.const), f"class {klass.__qualname__} unchanged")
 
     def alias_pattern(self, sources, tensors):

@@ -21,7 +21,7 @@ from kiln.capture.sources import AttrSource, CellSource, ConstSource, GlobalSour
 from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
-                                    MapIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
+                                    MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, PartialVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
@@ -557,7 +557,7 @@ def getitem(frame, obj, key, builtin=False):
     """`obj[key]`; `builtin`: the base class's own item lookup (tuple.__getitem__ called from a
     subclass's __getitem__), never the subclass's."""
     og = frame.og
-    if (own := own_dunder(obj, "__getitem__")) is not None:
+    if not builtin and (own := own_dunder(obj, "__getitem__")) is not None:
         return call(frame, own, [key], {})
     if isinstance(obj, TensorVariable):
         return og.call_op("call_function", operator.getitem, [obj, key], {})
@@ -747,7 +747,10 @@ def get_iter(frame, v):
     if isinstance(v, ObjectVariable) and isinstance(v.value, _MODULE_CONTAINERS):  # their children, guarded
         return IteratorVariable(unpack_iterable(frame, v), cls=type(iter({}.values())))
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
-        return get_iter(frame, call(frame, special_method(frame, v, "__iter__"), [], {}))
+        it = call(frame, special_method(frame, v, "__iter__"), [], {})
+        if isinstance(it, (ObjectVariable, FreshObjectVariable)) and _python_dunder(it.python_type(), "__next__"):
+            return ObjectIterator(it)  # stepped by its own __next__, lazily (`return self` included)
+        return get_iter(frame, it)
     kind = _SET_ITERATOR if isinstance(v, SetVariable) or \
         isinstance(v, ConstantVariable) and isinstance(v.value, frozenset) else type(iter([]))
     return IteratorVariable(unpack_iterable(frame, v), cls=kind)
@@ -775,6 +778,8 @@ def iter_next(frame, it):
     does (map's call, a generator's body, filter's test) happens now, as in CPython."""
     if isinstance(it, (IteratorVariable, GeneratorVariable)):
         return it.next()
+    if isinstance(it, ObjectIterator):
+        return _object_next(frame, it)
     if isinstance(it, SequenceIterator):
         return _sequence_next(it)
     if isinstance(it, DictIterator):
@@ -817,6 +822,18 @@ def _sequence_next(it):
         return const(seq.value[i]) if isinstance(seq, ConstantVariable) else seq.items[i]
     it.done = True  # CPython drops the sequence: a list that grows later is not seen
     return None
+
+
+def _object_next(frame, it):
+    if it.done:
+        return None
+    try:
+        return call(frame, special_method(frame, it.obj, "__next__"), [], {})
+    except Unsupported as e:
+        if isinstance(e.python_exception, StopIteration):
+            it.done = True
+            return None
+        raise
 
 
 def _dict_next(it):
@@ -1558,13 +1575,6 @@ def _call_value(frame, fn_var, args, kwargs):
                 v = getattr_var(frame, v, part)
             items.append(v)
         return items[0] if len(items) == 1 else make_tuple(items)
-    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") or \
-            (isinstance(fn, types.BuiltinFunctionType) and isinstance(getattr(fn, "__self__", None), (str, int, float, tuple, bytes))):
-        if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
-            if getattr(fn, "__module__", None) in ("operator", "_operator"):
-                return apply_operator(frame, fn, list(args))
-            raise Unsupported(f"{fn.__name__} on a tensor needs its data in Python")
-        return fold_natively(og, fn, args, kwargs)
     if isinstance(fn, functools.partial):
         src = fn_var.source
         pre = [og.wrap(a, ItemSource(AttrSource(src, "args"), i) if src else None)

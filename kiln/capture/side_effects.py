@@ -30,10 +30,11 @@ class SideEffects:
     def store_global(self, source, value):
         # keyed by the dict, not the source: the frame's own globals and a callee's view of the same
         # module's globals (G['x'] vs GD['x']) are one variable
-        self.global_stores[(id(source.gdict), source.name)] = (source, value)
+        self.global_stores[(source.namespace, source.name)] = (source, value)
 
     def load_global(self, source):
-        return self.load_module_global(source.gdict, source.name)
+        entry = self.global_stores.get((source.namespace, source.name))
+        return None if entry is None else entry[1]
 
     def load_module_global(self, gdict, name):
         """A global of `gdict` the frame has stored (also read as `module.name`), or None."""

@@ -75,6 +75,7 @@ class GlobalSource(Source):
         # root globals are read through F; not holding their dict keeps an entry from keeping alive
         # the namespace of the function it compiled (and whatever that namespace holds)
         self.gdict, self.name, self.root = (None if root else gdict), name, root
+        self.namespace = id(gdict)  # which module's globals, also for root ones (side effects key by it)
 
     def expr(self, ctx):
         base = "G" if self.root else ctx.const(self.gdict, "GD")

@@ -377,6 +377,17 @@ class IteratorVariable(BaseIterator):
         return self.items[self.pos - 1]
 
 
+class ObjectIterator(BaseIterator):
+    """An iterator object of the user's (its class defines __next__ in Python, often `__iter__` returns
+    self): each step calls its __next__ until that raises StopIteration. Rebuilt as the object."""
+
+    def __init__(self, obj):
+        self.obj, self.done = obj, False
+
+    def python_type(self):
+        return self.obj.python_type()
+
+
 class SequenceIterator(BaseIterator):
     """`iter(seq)` / `reversed(seq)` over a list, tuple or constant sequence (range, str, ...), as
     CPython's list_iterator, range_iterator etc.: an index into the live sequence, so items appended
