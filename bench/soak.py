@@ -51,8 +51,10 @@ def run_model(model, x):
     return model(x).softmax(-1)
 
 
-def recompiles_on_purpose(x, k):
-    return x * k  # k: a Python int, a constant in the graph: every new k compiles anew
+def recompiles_on_purpose(x, tag):
+    # a str is a constant guarded by value (a changing int or float would become symbolic and
+    # compile once): every new tag compiles anew, past cache_size_limit (64) after 64 tags
+    return x * int(tag[1:])
 
 
 def census(warned):
@@ -110,7 +112,7 @@ def main():
                 torch.testing.assert_close(per_model(model, x), run_model(model, x))
                 del model
             if i <= 100:
-                on_purpose(x, i)
+                torch.testing.assert_close(on_purpose(x, f"k{i}"), recompiles_on_purpose(x, f"k{i}"))
             others = [w for w in caught if "cache_size_limit" not in str(w.message)]
             caught[:] = warned = [w for w in caught if "cache_size_limit" in str(w.message)]
             other_warnings.update(f"{w.category.__name__}: {str(w.message)[:120]}" for w in others)
