@@ -3,6 +3,7 @@
 Tested: torch 2.13 (Python 3.11), 2.11 (Python 3.12) and 2.14.1 (Python 3.13). Each name below is the
 current torch's, with the older spelling as the fallback.
 """
+import torch
 from torch.amp import autocast_mode
 from torch.fx.experimental import symbolic_shapes
 
@@ -13,3 +14,8 @@ optimization_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbo
 # The autocast context that _enter_autocast (the graph's autocast node) enters: a plain subclass of
 # torch.amp.autocast in torch 2.13+; torch 2.11 enters torch.amp.autocast itself.
 UnmanagedAutocast = getattr(autocast_mode, "_UnmanagedAutocast", autocast_mode.autocast)
+
+# Ops whose Python decomposition (run under the Python dispatcher for symbolic sizes) gives other
+# shapes than eager's C++ kernel in this torch: their fake run always takes the C++ path. torch 2.11's
+# `lstm_impl` (one_layer_lstm) returns h_n/c_n with an extra dim when the input requires grad.
+WRONG_PYTHON_DECOMPOSITIONS = frozenset([torch.lstm, torch._VF.lstm] if torch.__version__ < (2, 13) else [])
