@@ -17,6 +17,9 @@ import torch.fx
 from kiln import config as config_mod
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
+from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
+                          context_managers, copy_models, function_objects, generator_models, library_models,
+                          numpy_support, weakref_models)  # their models)
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
@@ -25,7 +28,7 @@ from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
-from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
+from kiln.exc import BackendCompilerFailed, InternalError, KilnError, Unsupported
 
 _JUMPS = facts.TRUTH_JUMPS
 # single instructions a break can run natively in the glue: opname -> number of stack values popped
@@ -50,12 +53,15 @@ class EagerCall(EagerFrame):
 
 class CacheEntry:
     __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
-                 "input_shapes")
+                 "input_values", "liveness", "__weakref__")
 
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_shapes):
+    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_values,
+                 liveness):
         self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
         self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
-        self.input_shapes = input_shapes  # (Source, size) of each tensor input, for automatic dynamic
+        # (Source, size tuple of a tensor input or value of a number folded in), for automatic dynamic
+        self.input_values = input_values
+        self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
 
 
 class _Break:
@@ -66,9 +72,9 @@ class _Break:
 
 
 class Capture:
-    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamic_dims):
+    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamism):
         self.F, self.L, self.code, self.fullgraph = F, L, code, fullgraph
-        self.backend_for_glue, self.dynamic, self.dynamic_dims = backend, dynamic, dynamic_dims
+        self.backend_for_glue, self.dynamic, self.dynamism = backend, dynamic, dynamism
         self.break_at = None
         self.break_reason = None
         self.requested = None
@@ -80,7 +86,7 @@ class Capture:
         if self.code.co_flags & _GENERATOR_FLAGS:
             raise self._cannot("generators and coroutines run eagerly")
         for _ in range(3):
-            self.og = OutputGraph(self.code.co_name, self.dynamic_dims)
+            self.og = OutputGraph(self.code.co_name, self.dynamism)
             self.steps, self.requested = 0, None
             frame = interp.root_frame(self, self.F, self.L, self.code)
             try:
@@ -99,7 +105,7 @@ class Capture:
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
                 if why_not:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
-                self.break_at, self.break_reason = inst.offset, e
+                self.break_at, self.break_reason = inst.offset, _detached(e)
             finally:
                 self.og.leave_contexts()
         raise EagerFrame("capture did not settle")
@@ -116,6 +122,15 @@ class Capture:
 
     def graph_break(self, frame, inst):
         return _Break(frame, inst, self.break_reason)
+
+
+def _detached(error):
+    """`error` without its traceback and chained exceptions: a cache entry keeps it (to say why the
+    graph broke), and a traceback would keep capture's frames alive, and the user's function with them."""
+    error.__traceback__ = error.__cause__ = error.__context__ = None
+    if error.python_exception is not None:
+        error.python_exception.__traceback__ = None
+    return error
 
 
 def _why_not_breakable(code, inst, open_exits=()):
@@ -174,25 +189,28 @@ def _with_depth(insts, offset):
     return depth
 
 
-def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=None):
+def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamism=None):
     """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed.
 
-    A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly
-    (set KILN_DEBUG=1 to see it raised instead).
+    A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly,
+    or, under fullgraph=True (one graph or an error), raises InternalError (set KILN_DEBUG=1 to see
+    the original exception raised instead).
     """
     try:
-        return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims)
+        return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism)
     except (EagerFrame, KilnError):
         raise
     except Exception as e:
         if os.environ.get("KILN_DEBUG"):
             raise
-        raise EagerFrame(f"kiln internal error while capturing {code.co_qualname}: "
-                         f"{type(e).__name__}: {e}") from e
+        msg = f"kiln internal error while capturing {code.co_qualname}: {type(e).__name__}: {e}"
+        if fullgraph:
+            raise InternalError(msg) from e
+        raise EagerFrame(msg) from e
 
 
-def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
-    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamic_dims)
+def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
+    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamism)
     result = cap.run()
     og = cap.og
     glue = Glue(og)
@@ -212,19 +230,21 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
     og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
     og.watch.check_marked()
+    og.guard_input_aliasing()
     for expr in shape_guards(og):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src,
-                       [(s, tuple(t.shape)) for s, t, _ in og.inputs])
+                       og.input_values(), og.guards.liveness)
     _log_entry(code, entry, og)
     return entry
 
 
 def _compile_graph(og, glue, backend, code):
+    og.graph.output(tuple(v.node for v in glue.outputs))
+    _drop_unused_sizes(og.graph)
     if og.op_count() == 0:
         return None, None
-    og.graph.output(tuple(v.node for v in glue.outputs))
     gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
     example_inputs = [t for _, t, _ in og.inputs]
     if enabled("graph"):
@@ -238,6 +258,22 @@ def _compile_graph(og, glue, backend, code):
             raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
         raise BackendCompilerFailed(backend.name, e) from e
     return compiled, gm
+
+
+def _drop_unused_sizes(graph):
+    """Remove size computations nothing uses (`x.size()` whose result the glue recomputes from the
+    inputs): a graph of nothing else is no graph, as in torch.compile. Only nodes whose value is a
+    number or a tuple of numbers go: tensor ops may write in place, so they always stay."""
+    for node in reversed(graph.nodes):
+        if node.op in ("call_function", "call_method") and not node.users and \
+                _is_number_tree(node.meta.get("example_value")):
+            graph.erase_node(node)
+
+
+def _is_number_tree(value):
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_is_number_tree(v) for v in value)
+    return isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _break_tail(cap, glue, brk):
