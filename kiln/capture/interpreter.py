@@ -47,7 +47,6 @@ NOT_CAPTURED = {
     "CHECK_EG_MATCH": "except* (exception groups)", "PREP_RERAISE_STAR": "except* (exception groups)",
     "ASYNC_GEN_WRAP": "an async generator", "BEFORE_ASYNC_WITH": "async with", "END_ASYNC_FOR": "async for",
     "GET_AITER": "async for", "GET_ANEXT": "async for", "GET_AWAITABLE": "await",
-    "CLEANUP_THROW": "throw() into a generator",
 }
 MAX_INLINE_DEPTH = 60
 MAX_STEPS = 2_000_000
@@ -321,6 +320,18 @@ class Frame:
             self.jump(inst)
         else:
             self.push(item)
+
+    def CLEANUP_THROW(self, inst):
+        """3.12+: the handler of a `yield from`'s paused yield, reached when an exception thrown into
+        the generator came out of its sub-iterator: StopIteration ends the `yield from` with its value
+        (below it, the sub-iterator's slot that END_SEND drops); anything else propagates."""
+        exc = self.pop()
+        value = getattr(exc, "value", None)
+        if not isinstance(value, StopIteration):
+            raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
+        del self.stack[-2:]  # the sub-iterator and the value last sent
+        self.push(const(None))
+        self.push(objects.result_var(self.og, value.value))
 
     def END_SEND(self, inst):
         del self.stack[-2]  # 3.12+: the receiver below the sub-iterator's return value
