@@ -91,6 +91,21 @@ def throw_into_yield_from_that_returns(x, log):
     return first, after_throw
 
 
+def _over_a_list(t, log):
+    try:
+        yield from [t + 1, t + 2]  # a list iterator has no throw(): the exception comes out of the yield
+    except KeyError:
+        log.append("caught in the delegating generator")
+        yield t * 10
+
+
+def throw_into_yield_from_a_list(x, log):
+    g = _over_a_list(x, log)
+    first = next(g)
+    caught = g.throw(KeyError("k"))
+    return first, caught, list(g)
+
+
 def _counts():
     yield 1
     yield 2
@@ -162,7 +177,7 @@ def raise_from_and_bare_raise(x):
 
 
 @pytest.mark.parametrize("fn", [send_throw_close, yield_from_delegation, throw_into_yield_from_that_returns,
-                                dropped_generators_are_closed])
+                                throw_into_yield_from_a_list, dropped_generators_are_closed])
 def test_generator_protocol_with_side_effects_one_graph(fn):
     check_graphs(fn, t(3), [], graphs=1, fullgraph=True)
 
