@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from kiln.capture import resume, runtime
+from kiln.capture import eager_frames, resume, runtime  # noqa: F401 (eager_frames installs itself)
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):

@@ -13,6 +13,7 @@ import types
 import torch
 
 from kiln.capture import interpreter as interp
+from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import is_library_module
 from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
@@ -840,8 +841,9 @@ def call_python_function(frame, fn, args, kwargs):
     if fn.__kwdefaults__:
         src = AttrSource(ConstSource(fn), "__kwdefaults__")
         kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
-    cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())]
-    return interp.inline_call(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
+    code = original_code(fn.__code__)  # a function made by a frame that ran rewritten (eager_frames)
+    cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
+    return interp.inline_call(frame, code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
 
 
 def _is_torch_op(fn):

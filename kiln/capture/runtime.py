@@ -5,6 +5,7 @@ Hot path of a compiled call: bind arguments (a generated function with the origi
 the cache-size limit) happens on a miss, under one lock.
 """
 import inspect
+import sys
 import threading
 import types
 import warnings
@@ -13,6 +14,7 @@ import torch
 
 from kiln import config as config_mod
 from kiln.capture import dynamic
+from kiln.capture.call_sites import original_code
 from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.sources import CodeContext
@@ -51,7 +53,7 @@ class CodeCache:
     def miss(self, F, L, args, kwargs):
         entry = self._entry_for(F, L)
         if entry is None:
-            return F(*args, **kwargs)
+            return run_eagerly(self, F, args, kwargs)
         return entry.run(F, L)
 
     def _entry_for(self, F, L):
@@ -133,7 +135,13 @@ class CodeCache:
             print(f"[kiln] {msg}")
 
 
+def run_eagerly(cache, F, args, kwargs):
+    """Run a frame capture gave up on. eager_frames replaces this with a run whose callees compile."""
+    return F(*args, **kwargs)
+
+
 def get_cache(code, backend, fullgraph, dynamic=None):
+    code = original_code(code)  # a function made by a frame that ran rewritten shares its original's cache
     key = (code, _backend_key(backend), fullgraph, dynamic)
     cache = _CACHES.get(key)
     if cache is None:
@@ -167,18 +175,30 @@ def forget_backend(backend):
 
 # ---- argument binding -----------------------------------------------------------------------------
 def make_binder(fn):
-    """A function with fn's signature returning its parameters in co_varnames order (C-speed binding)."""
+    """A function with fn's signature returning its parameters in co_varnames order (C-speed binding).
+    Its code depends only on the shape of the signature, so it is made once per shape (closures made
+    anew on every call cost a function object, not a compile)."""
     code = fn.__code__
     nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
         bool(code.co_flags & inspect.CO_VARKEYWORDS)
     names = code.co_varnames[:nparams]
-    src = (f"def binder{inspect.signature(_no_annotations(fn))}:\n"
-           f"    return ({''.join(n + ', ' for n in names)})\n")
-    ns = {}
-    exec(compile(src, f"<kiln binder {code.co_qualname}>", "exec"), ns)
-    binder = ns["binder"]
-    binder.__defaults__, binder.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    shape = (names, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+             code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), len(fn.__defaults__ or ()),
+             tuple(fn.__kwdefaults__ or ()))
+    binder_code = _BINDER_CODES.get(shape)
+    if binder_code is None:
+        src = (f"def binder{inspect.signature(_no_annotations(fn))}:\n"
+               f"    return ({''.join(n + ', ' for n in names)})\n")
+        ns = {}
+        exec(compile(src, "<kiln binder>", "exec"), ns)
+        binder_code = _BINDER_CODES.setdefault(shape, ns["binder"].__code__)
+    binder = types.FunctionType(binder_code, _BINDER_GLOBALS, "binder", fn.__defaults__)
+    binder.__kwdefaults__ = fn.__kwdefaults__
     return binder
+
+
+_BINDER_CODES = {}  # signature shape -> binder code object
+_BINDER_GLOBALS = {"__builtins__": __builtins__}
 
 
 def _no_annotations(fn):
@@ -239,7 +259,7 @@ class Caller:
     def __init__(self, backend, dynamic):
         self.backend, self.dynamic = backend, dynamic
 
-    def __call__(self, fn, *args, **kwargs):
+    def __call__(self, fn, /, *args, **kwargs):
         if compilation_disabled() or is_disabled_function(fn):
             return fn(*args, **kwargs)
         target, pre = fn, ()
@@ -249,15 +269,18 @@ class Caller:
             forward = fn.forward
             if isinstance(forward, types.MethodType) and isinstance(forward.__func__, types.FunctionType):
                 target, pre = forward.__func__, (fn,)
-        if not isinstance(target, types.FunctionType) or _is_library(target):
+        if not isinstance(target, types.FunctionType) or is_library_function(target):
             return fn(*args, **kwargs)
-        cache = get_cache(target.__code__, self.backend, False, self.dynamic)
-        binder = _binder_for(target)
-        L = binder(*pre, *args, **kwargs)
+        return self.call_function(target, *pre, *args, **kwargs)
+
+    def call_function(self, fn, /, *args, **kwargs):
+        """Run the user Python function `fn` as a frame of its own: its cache entry, compiled on a miss."""
+        cache = get_cache(fn.__code__, self.backend, False, self.dynamic)
+        L = _binder_for(fn)(*args, **kwargs)
         for e in cache.entries:
-            if e.check(target, L):
-                return e.run(target, L)
-        return cache.miss(target, L, pre + args, kwargs)
+            if e.check(fn, L):
+                return e.run(fn, L)
+        return cache.miss(fn, L, args, kwargs)
 
 
 def _binder_for(fn):
@@ -272,7 +295,16 @@ def _has_hooks(mod):
     return bool(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or mod._backward_pre_hooks)
 
 
-def _is_library(fn):
-    mod = getattr(fn, "__module__", "") or ""
-    return mod.split(".")[0] in ("torch", "logging", "warnings", "inspect", "functools", "typing", "contextlib")
+def is_library_function(fn):
+    """Functions that run natively instead of as compiled frames: torch's, the standard library's and
+    kiln's own (torch.compile skips torch and the standard library too)."""
+    mod = getattr(fn, "__module__", None) or ""
+    found = _LIBRARY_MODULES.get(mod)
+    if found is None:
+        top = mod.split(".")[0]
+        found = _LIBRARY_MODULES[mod] = top in ("torch", "kiln") or top in sys.stdlib_module_names
+    return found
+
+
+_LIBRARY_MODULES = {}  # module name -> is_library_function's answer
 
