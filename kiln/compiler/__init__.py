@@ -91,7 +91,8 @@ def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm):
     from kiln.compiler.build import load_library
     from kiln.compiler.codegen import cpp
     from kiln.compiler.lower import GraphLowering
-    from kiln.compiler.schedule import build_program, workspace_plan
+    from kiln.compiler.memory_plan import workspace_plan
+    from kiln.compiler.schedule import build_program
 
     graph = GraphLowering(aten_gm, example_inputs, options).run()
     _check_bound(graph, aten_gm)

@@ -1,8 +1,8 @@
 """The Python wrapper of a compiled graph: generated source, as little work per call as possible.
 
 Everything is decided at compile time; per call the wrapper allocates outputs (eager's strides)
-and one workspace, calls each native entry once with data pointers, calls aten for externs, and
-returns the outputs. With dynamic shapes it first reads each size symbol from an input
+and one workspace, calls each native entry once with data pointers, calls aten for externs, drops
+each intermediate after its last reader (memory_plan), and returns the outputs. With dynamic shapes it first reads each size symbol from an input
 (`s0 = arg0.size(1)`); sizes, strides and extern arguments are Python expressions over them.
 """
 import ctypes
@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
+from kiln.compiler.memory_plan import release_after
 from kiln.compiler.schedule import Kernel
 
 
@@ -84,7 +85,10 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
             kernel_read |= {a.name for a in pytree.tree_leaves((step.args, step.kwargs))
                             if isinstance(a, ir.BufferArg) and a.layout is not None}
     kernel_read |= {value for kind, value, *rest in program.outputs if kind != "value" and rest and rest[0] is not None}
-    for step in program.steps:
+    release = release_after(program)
+    step_index = {id(step): k for k, step in enumerate(program.steps)}
+    workspace_until = max((step_index[id(e.kernels[-1])] for e in entries if e.uses_workspace), default=None)
+    for k, step in enumerate(program.steps):
         if isinstance(step, Kernel):
             entry = entry_of.get(id(step))
             if entry is None:
@@ -108,8 +112,16 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
             src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
             if entry.checks:
                 _raise_failed_check(src, entry.checks)
+            done = range(k, step_index[id(entry.kernels[-1])] + 1)
         else:
             _extern(src, step, buffers, kernel_read)
+            done = (k,)
+        # drop what no later step reads, so the allocator hands its memory to the next step
+        dead = [name for j in done for name in release.get(j, ())]
+        if ws_size and workspace_until in done:
+            dead.append("ws")
+        if dead:
+            src.line(f"del {', '.join(dead)}")
     outs = []
     for kind, value, *rest in program.outputs:
         if kind == "value":
@@ -190,6 +202,7 @@ def _extern(src, call, buffers, kernel_read):
             for path, name in pytree.tree_flatten_with_path(results)[0]:
                 if name is not None:
                     src.line(f"{name} = {call.name}{''.join(f'[{p.idx}]' for p in path)}")
+        src.line(f"del {call.name}")  # the results it holds are released one by one
     for name in pytree.tree_leaves(results):
         if name is not None and name in kernel_read:
             layout = buffers[name].layout
