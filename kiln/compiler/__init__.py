@@ -91,17 +91,17 @@ def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm):
     from kiln.compiler.build import load_library
     from kiln.compiler.codegen import cpp
     from kiln.compiler.lower import GraphLowering
-    from kiln.compiler.memory_plan import workspace_plan
+    from kiln.compiler.memory_plan import plan_memory
     from kiln.compiler.schedule import build_program
 
     graph = GraphLowering(aten_gm, example_inputs, options).run()
     _check_bound(graph, aten_gm)
     program = build_program(graph, options)
-    offsets, ws_size = workspace_plan(program)
+    memory = plan_memory(program)
     symbols = sorted(graph.symbol_sources, key=str)
-    source, entries = cpp.generate(program, offsets, options, symbols)
+    source, entries = cpp.generate(program, memory, options, symbols)
     lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
-    fn, wrapper_source = wrapper.build(program, entries, lib, ws_size, len(example_inputs), graph.symbol_sources)
+    fn, wrapper_source = wrapper.build(program, entries, lib, memory, len(example_inputs), graph.symbol_sources)
     debug.log_output_code(getattr(lib, "_name", None), source, wrapper_source)
     if options.get("trace.enabled"):
         folder = debug.write_trace(options, aten_gm=aten_gm, graph=graph, program=program, cpp_source=source,

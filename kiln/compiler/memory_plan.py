@@ -7,14 +7,38 @@ map fresh pages for all of them (issue 15: 3x eager's page faults on MobileNetV2
 
 - `release_after`: the step after which each intermediate the wrapper holds is dropped (its
   last reader, or its producer when nothing reads it).
+- `inplace_writes`: a kernel writes a value into the memory of an input it is the last reader of
+  (batch norm + relu into the convolution's result), when every read of that input in the kernel
+  is at the very element the value is stored to, before the store: the call then touches one
+  buffer where eager touches two, and the memory is already in cache.
 - `workspace_plan`: offsets in the one per-call workspace that holds kernel-to-kernel values no
   extern sees, reusing the space of values whose last reader has run.
 """
+import dataclasses
+
 import sympy
+import torch
 from torch.utils._sympy.functions import FloorDiv
 
 from kiln.compiler import ir
 from kiln.compiler.schedule import Kernel, extern_reads
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    workspace_offsets: dict     # workspace buffer name -> byte offset (a size expression)
+    workspace_bytes: object     # the workspace's size (a size expression; 0: none)
+    release: dict               # step index -> Python-held buffers dropped after that step
+    inplace: dict               # kernel-written buffer -> the dead input whose memory it takes
+
+
+def plan_memory(program):
+    inplace = inplace_writes(program)
+    for name in inplace:  # a value stored over a tensor's memory is a tensor, not workspace
+        if program.storage[name] == "workspace":
+            program.storage[name] = "tensor"
+    offsets, size = workspace_plan(program)
+    return MemoryPlan(offsets, size, release_after(program), inplace)
 
 
 def step_reads(step):
@@ -36,18 +60,93 @@ def kept_to_the_end(program):
     return {value for kind, value, *_ in program.outputs if kind == "buffer"}
 
 
-def release_after(program):
-    """{step index: names of the Python-held buffers ("tensor" storage) dropped after that step}."""
-    kept = kept_to_the_end(program)
+def last_steps(program):
+    """{buffer name: the last step that writes or reads it}."""
     last = {}
     for k, step in enumerate(program.steps):
         for name in step_writes(step, program.buffers) | step_reads(step):
             last[name] = k
+    return last
+
+
+def release_after(program):
+    """{step index: names of the Python-held buffers ("tensor" storage) dropped after that step}."""
+    kept = kept_to_the_end(program)
     out = {}
-    for name, k in last.items():
+    for name, k in last_steps(program).items():
         if program.storage.get(name) == "tensor" and name not in kept:
             out.setdefault(k, []).append(name)
     return {k: sorted(names) for k, names in out.items()}
+
+
+def inplace_writes(program):
+    """{kernel-written buffer: the input whose memory it is written into} (see the module doc)."""
+    owned, kept, last = solely_owned(program), kept_to_the_end(program), last_steps(program)
+    out = {}
+    for k, step in enumerate(program.steps):
+        if not isinstance(step, Kernel) or any(n.sequential is not None for n in step.nodes):
+            continue
+        for node in step.nodes:
+            if program.storage[node.name] not in ("tensor", "output", "workspace") or node.is_reduction:
+                continue
+            for name in sorted(node.reads):
+                if (name in owned and name not in kept and last.get(name) == k and name not in out.values()
+                        and _same_memory(program.buffers[name].layout, node.layout)
+                        and _reads_only_where_stored(step, node, name)):
+                    out[node.name] = name
+                    break
+    return out
+
+
+def solely_owned(program):
+    """Python-held buffers whose memory nothing else can reach: written by kiln's kernels, or
+    results of aten ops whose schema says they alias no input, and never the argument of an aten
+    call that may return a view of it."""
+    viewed = set()
+    for step in program.steps:
+        if isinstance(step, ir.ExternCall) and not _returns_fresh(step.target):
+            viewed |= extern_reads(step)
+    owned = set()
+    for name, buf in program.buffers.items():
+        if program.storage.get(name) != "tensor" or name in viewed:
+            continue
+        if isinstance(buf, ir.ComputedBuffer) or (isinstance(buf, ir.ExternBuffer) and _returns_fresh(buf.call.target)):
+            owned.add(name)
+    return owned
+
+
+def _returns_fresh(target):
+    return isinstance(target, torch._ops.OpOverload) and all(r.alias_info is None for r in target._schema.returns)
+
+
+def _same_memory(a, b):
+    """Whether a value of layout b can be stored in the memory of a buffer of layout a."""
+    return a.dtype == b.dtype and a.device == b.device and not ir.is_symbolic(storage_bytes(a)) and \
+        storage_bytes(a) == storage_bytes(b) > 0
+
+
+def _reads_only_where_stored(kernel, node, name):
+    """Whether `node` may store into `name`'s memory: every load of `name` in the kernel is at the
+    element `node` stores at that loop point, in `node` itself or a node before it (so each point
+    reads its element before it is overwritten, and no point reads another's)."""
+    if kernel.role(node) != "inner":
+        return False
+    outer, inner = kernel.dims()
+    if outer is None or inner is None:
+        return False
+    store = sympy.expand(node.store_index.xreplace(kernel.var_map(node, outer, inner)))
+    position = kernel.nodes.index(node)
+    for i, other in enumerate(kernel.nodes):
+        loads = [e for e in other.body.loads() if e.args[0] == name]
+        if not loads:
+            continue
+        if i > position:
+            return False
+        mapping = kernel.var_map(other, outer, inner)
+        if any(bindings or sympy.expand(index.xreplace(mapping)) != store for _, index, bindings in
+               (e.args for e in loads)):
+            return False
+    return True
 
 
 def workspace_plan(program):

@@ -15,7 +15,6 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
-from kiln.compiler.memory_plan import release_after
 from kiln.compiler.schedule import Kernel
 
 
@@ -54,15 +53,17 @@ class _Source:
         return self.constant(value, "c")
 
 
-def build(program, entries, lib, ws_size, num_inputs, symbols=None):
-    """Returns (callable(*inputs) -> tuple, the wrapper's source). `symbols`: {size symbol: Python
-    source reading it from the inputs}, bound first on each call (dynamic shapes)."""
+def build(program, entries, lib, memory, num_inputs, symbols=None):
+    """Returns (callable(*inputs) -> tuple, the wrapper's source). `memory`: the memory_plan's
+    MemoryPlan; `symbols`: {size symbol: Python source reading it from the inputs}, bound first on
+    each call (dynamic shapes)."""
     src = _Source()
     storage, buffers = program.storage, program.buffers
     inputs = [f"arg{i}" for i in range(num_inputs)]
     src.lines.append(f"def kiln_graph({', '.join(inputs)}):")
     src.globals.setdefault("math", math)  # size expressions may print math.floor/ceil
     float_names = {s.name for s in symbols or () if not s.is_integer}
+    ws_size = memory.workspace_bytes
     for name, buf in buffers.items():
         if isinstance(buf, ir.ConstantBuffer):
             src.line(f"{name} = {src.constant(buf.value, 'attr')}")
@@ -85,7 +86,7 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
             kernel_read |= {a.name for a in pytree.tree_leaves((step.args, step.kwargs))
                             if isinstance(a, ir.BufferArg) and a.layout is not None}
     kernel_read |= {value for kind, value, *rest in program.outputs if kind != "value" and rest and rest[0] is not None}
-    release = release_after(program)
+    release = memory.release
     step_index = {id(step): k for k, step in enumerate(program.steps)}
     workspace_until = max((step_index[id(e.kernels[-1])] for e in entries if e.uses_workspace), default=None)
     for k, step in enumerate(program.steps):
@@ -95,7 +96,9 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
                 continue  # a later kernel of an entry already called
             for kernel in entry.kernels:
                 for n in kernel.nodes:
-                    if storage[n.name] in ("output", "tensor"):
+                    if n.name in memory.inplace:  # written over an input this kernel reads last
+                        src.line(f"{n.name} = {_same_memory(memory.inplace[n.name], buffers, n.layout)}")
+                    elif storage[n.name] in ("output", "tensor"):
                         layout = n.layout
                         src.line(f"{n.name} = empty_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
                                  f"dtype={src.literal(layout.dtype)})")
@@ -136,6 +139,13 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
     scope = dict(src.globals)
     exec(compile(code, "<kiln wrapper>", "exec"), scope)
     return scope["kiln_graph"], code
+
+
+def _same_memory(name, buffers, layout):
+    """A tensor of `layout` over the memory of buffer `name` (the buffer itself when it has that layout)."""
+    if buffers[name].layout.sizes == layout.sizes and buffers[name].layout.strides == layout.strides:
+        return name
+    return f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)})"
 
 
 def _raise_failed_check(src, sites):
