@@ -85,6 +85,8 @@ COMPILER_OPTIONS = {
     "coordinate_descent_tuning": (False, "tune kernel parameters by coordinate descent"),
     "fallback_random": (False, "run random ops through aten so results equal eager under one seed"),
     "shape_padding": (False, "pad matmul shapes to faster sizes"),
+    "layout_optimization": (True, "run 2-d convolutions of inference graphs on channels-last memory (CPU, "
+                                  "oneDNN), their epilogues too; outputs keep eager's layout"),
     "freezing": (False, "treat parameters as constants (inference)"),
     "cpp.threads": (-1, "OpenMP threads for generated kernels (-1: torch.get_num_threads())"),
     "cpp.simdlen": (None, "SIMD width hint for generated loops"),

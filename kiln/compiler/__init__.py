@@ -31,7 +31,7 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
         return _inspectable(lambda *args: gm.forward(*args), [], "", "", ["<whole graph>"])
     if inner == "eager":
         return _eager_when_mutated_inputs_alias(aot.make_runner(aten, aten.gm.forward), gm)
-    flat_fn = compile_aten(aten.gm, example_inputs, options, fx_gm=gm)
+    flat_fn = compile_aten(aten.gm, example_inputs, options, fx_gm=gm, inference=True)
     cached.store(aten, flat_fn)
     return _eager_when_mutated_inputs_alias(aot.make_runner(aten, flat_fn), gm)
 
@@ -57,8 +57,10 @@ def _eager_when_mutated_inputs_alias(runner, gm):
     return run
 
 
-def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
-    """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple."""
+def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference=False):
+    """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple.
+    `inference`: the graph is a whole inference call (no autograd graph on either side of it), so
+    its intermediates' layouts are free to choose (layout_opt)."""
     from kiln.compiler.build import CompileError
 
     options = options if options is not None else compiler_options()
@@ -68,7 +70,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         log("dynamic", "graph runs through aten: %s", unsupported)
         return _run_through_aten(aten_gm)
     try:
-        return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
+        return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference)
     except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
         if options.get("debug"):
             raise
@@ -86,15 +88,18 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         return _run_through_aten(aten_gm)
 
 
-def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm):
-    from kiln.compiler import debug, wrapper
+def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference):
+    from kiln.compiler import debug, layout_opt, wrapper
     from kiln.compiler.build import load_library
     from kiln.compiler.codegen import cpp
     from kiln.compiler.lower import GraphLowering
     from kiln.compiler.memory_plan import plan_memory
     from kiln.compiler.schedule import build_program
 
-    graph = GraphLowering(aten_gm, example_inputs, options).run()
+    output_metas = None
+    if inference and options.get("layout_optimization", True) and layout_opt.wants_channels_last(aten_gm):
+        aten_gm, output_metas = layout_opt.channels_last_convolutions(aten_gm)
+    graph = GraphLowering(aten_gm, example_inputs, options, output_metas).run()
     _check_bound(graph, aten_gm)
     program = build_program(graph, options)
     memory = plan_memory(program)

@@ -28,11 +28,12 @@ def trace(buf: ir.ComputedBuffer) -> LoopNode:
     if isinstance(data, (ir.Scan, ir.Scatter)):
         return trace_sequential(buf)
     reduction = isinstance(data, ir.Reduction)
-    outer = _vars_for(data.ranges, "x")
+    order = list(range(len(data.ranges))) if reduction else memory_order(buf.layout)
+    outer = _vars_for(data.ranges, "x", order)
     inner = _vars_for(data.reduction_ranges, "r") if reduction else []
     body = data.inner_fn(tuple(outer), tuple(inner)) if reduction else data.inner_fn(tuple(outer))
     store = buf.layout.index(outer)
-    sizes = [s for s in data.ranges if s != 1]
+    sizes = [data.ranges[d] for d in order if data.ranges[d] != 1]
     rsizes = [s for s in data.reduction_ranges if s != 1] if reduction else []
     if 0 in sizes or 0 in rsizes:
         body, store, sizes, rsizes = _empty_loops(body, store, sizes, rsizes)
@@ -55,14 +56,23 @@ def _empty_loops(body, store, sizes, rsizes):
     return substitute(body, rzero), store, sizes, rsizes
 
 
-def _vars_for(ranges, prefix):
-    """Loop variables for `ranges`, numbered over the dims that are not 1 (those index 0)."""
-    out, k = [], 0
-    for s in ranges:
-        if s == 1:
-            out.append(sympy.Integer(0))
-        else:
-            out.append(loop_var(prefix, k))
+def memory_order(layout):
+    """The dims of `layout`, outermost loop first, so that a pointwise loop nest walks its output in
+    memory order (a channels-last buffer: n, h, w, c): largest stride first, ties in logical order.
+    Symbolic strides keep the logical order."""
+    dims = list(range(len(layout.sizes)))
+    if any(ir.is_symbolic(sympy.sympify(st)) for st in layout.strides):
+        return dims
+    return sorted(dims, key=lambda d: -int(layout.strides[d]) if layout.sizes[d] != 1 else 0)
+
+
+def _vars_for(ranges, prefix, order=None):
+    """Loop variables for `ranges` (in logical order), numbered over the dims that are not 1 (those
+    index 0) in `order` (the loop order; default: logical)."""
+    out, k = [sympy.Integer(0)] * len(ranges), 0
+    for d in (range(len(ranges)) if order is None else order):
+        if ranges[d] != 1:
+            out[d] = loop_var(prefix, k)
             k += 1
     return out
 
