@@ -16,6 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from kiln.compiler.freezing import is_frozen
 from kiln.compiler.lowerings import LAYOUT_CLONE
 from kiln.debug.logs import log
 
@@ -25,7 +26,7 @@ CHANNELS_LAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # weight element. oneDNN reorders an NCHW weight for an NHWC input on every call, which costs more
 # than NHWC saves when the weight is large next to the activations (ResNet-18's 512x512x3x3
 # convolutions at 7x7: 5.9 ms NCHW, 9.6 ms NHWC; its 64x64x3x3 ones at 56x56: 5.2 ms NCHW, 3.3 ms NHWC,
-# one thread).
+# one thread). With frozen weights (constants converted once at compile time) every one does.
 CHANNELS_LAST_MIN_ACTIVATION_PER_WEIGHT = 2
 
 
@@ -55,9 +56,10 @@ def _symbolic(gm):
 
 
 def runs_channels_last(node):
-    """Whether convolution `node` runs on channels-last memory (by the threshold above)."""
+    """Whether convolution `node` runs on channels-last memory: always with a frozen weight (freezing
+    lays it out channels-last once), else by the threshold above."""
     x, w = (a.meta["val"] for a in node.args[:2])
-    return x.numel() >= CHANNELS_LAST_MIN_ACTIVATION_PER_WEIGHT * w.numel()
+    return is_frozen(node.args[1]) or x.numel() >= CHANNELS_LAST_MIN_ACTIVATION_PER_WEIGHT * w.numel()
 
 
 def channels_last_convolutions(gm):

@@ -36,7 +36,7 @@ class Branches(nn.Module):
         return z, z.flatten(1) * 2, y.mean((2, 3))
 
 
-@pytest.mark.parametrize("freezing", [False])
+@pytest.mark.parametrize("freezing", [False, True])
 @pytest.mark.parametrize("make", [wide, Residual, Branches])
 def test_convolution_nets_match_eager(make, freezing):
     torch.manual_seed(0)
@@ -44,7 +44,7 @@ def test_convolution_nets_match_eager(make, freezing):
     check_module(model, torch.randn(2, 3, 20, 20), freezing=freezing)
 
 
-@pytest.mark.parametrize("freezing", [False])
+@pytest.mark.parametrize("freezing", [False, True])
 def test_channels_last_input_matches_eager(freezing):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
