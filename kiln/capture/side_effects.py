@@ -9,24 +9,37 @@ closure-cell stores are kept here, and later reads during capture see them.
 class SideEffects:
     def __init__(self):
         self.attr_stores = {}    # (id(obj), name) -> (obj Variable, name, value Variable or DELETED)
-        self.global_stores = {}  # GlobalSource -> value Variable
+        self.global_stores = {}  # (id(globals dict), name) -> (GlobalSource, value Variable)
         self.cell_stores = {}    # id(cell) -> (CellSource, value Variable)
         self.mutated = []        # existing containers changed in place (ListVariable/DictVariable)
 
     DELETED = object()
 
     def store_attr(self, obj_var, name, value):
-        self.attr_stores[(id(obj_var.value), name)] = (obj_var, name, value)
+        """`obj_var.name = value`; keyed by the object (a tensor's by its fake)."""
+        target = obj_var.fake if hasattr(obj_var, "fake") else obj_var.value
+        self.attr_stores[(id(target), name)] = (obj_var, name, value)
+
+    def forget_attr(self, obj, name):
+        self.attr_stores.pop((id(obj), name), None)
 
     def load_attr(self, obj, name):
         entry = self.attr_stores.get((id(obj), name))
         return None if entry is None else entry[2]
 
     def store_global(self, source, value):
-        self.global_stores[source] = value
+        # keyed by the dict, not the source: the frame's own globals and a callee's view of the same
+        # module's globals (G['x'] vs GD['x']) are one variable
+        self.global_stores[(source.namespace, source.name)] = (source, value)
 
     def load_global(self, source):
-        return self.global_stores.get(source)
+        entry = self.global_stores.get((source.namespace, source.name))
+        return None if entry is None else entry[1]
+
+    def load_module_global(self, gdict, name):
+        """A global of `gdict` the frame has stored (also read as `module.name`), or None."""
+        entry = self.global_stores.get((id(gdict), name))
+        return None if entry is None else entry[1]
 
     def store_cell(self, cell, source, value):
         self.cell_stores[id(cell)] = (source, value)

@@ -72,6 +72,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference
     """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple.
     `inference`: the graph is a whole inference call (no autograd graph on either side of it), so
     its intermediates' layouts are free to choose (layout_opt)."""
+    from kiln.compiler import ir
     from kiln.compiler.build import CompileError
 
     options = options if options is not None else compiler_options()
@@ -81,7 +82,8 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference
         log("dynamic", "graph runs through aten: %s", unsupported)
         return _run_through_aten(aten_gm)
     try:
-        return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference)
+        with ir.indirect_scope():
+            return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference)
     except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
         if options.get("debug"):
             raise

@@ -13,6 +13,8 @@ Three ideas, kept small:
 
 Sizes and indices are sympy expressions throughout, so symbolic sizes need no rewrite.
 """
+import contextlib
+import contextvars
 import dataclasses
 from typing import Callable, Optional
 
@@ -86,14 +88,32 @@ EXPENSIVE_OPS = {name: 8 for name in (
 EXPENSIVE_OPS.update(truediv=2, sqrt=2, rsqrt=2)
 
 
-# indirect index symbols (an index read from a tensor) -> the Expr that computes them
-_INDIRECT = {}
+# indirect index symbols (an index read from a tensor) -> the Expr that computes them: one table per
+# graph compile (`indirect_scope`), so it is freed with the compile and a graph's symbols are numbered
+# the same in every compile (the same kernel source, the same cached library)
+_INDIRECT_TABLE = contextvars.ContextVar("kiln_indirect_table", default=None)
+_UNSCOPED = {}  # lowerings used outside a compile (tests)
+
+
+def _indirect_table():
+    table = _INDIRECT_TABLE.get()
+    return _UNSCOPED if table is None else table
+
+
+@contextlib.contextmanager
+def indirect_scope():
+    token = _INDIRECT_TABLE.set({})
+    try:
+        yield
+    finally:
+        _INDIRECT_TABLE.reset(token)
 
 
 def indirect(value):
     """A sympy symbol standing for the int64 Expr `value` inside an index."""
-    sym = sympy.Symbol(f"ind{len(_INDIRECT)}", integer=True)
-    _INDIRECT[sym] = value
+    table = _indirect_table()
+    sym = sympy.Symbol(f"ind{len(table)}", integer=True)
+    table[sym] = value
     return sym
 
 
@@ -103,12 +123,13 @@ def const(value, dtype):
 
 def load(name, index, dtype):
     index = sympy.expand(index)
-    bindings = tuple((s, _INDIRECT[s]) for s in sorted(index.free_symbols, key=str) if s in _INDIRECT)
+    table = _indirect_table()
+    bindings = tuple((s, table[s]) for s in sorted(index.free_symbols, key=str) if s in table)
     return Expr("load", (name, index, bindings), dtype)
 
 
 def index_expr(expr, dtype=torch.int64):
-    if any(s in _INDIRECT for s in getattr(expr, "free_symbols", ())):
+    if any(s in _indirect_table() for s in getattr(expr, "free_symbols", ())):
         return cast(_indirect_value(sympy.expand(expr)), dtype)
     return Expr("index", (expr,), dtype)
 
@@ -121,10 +142,11 @@ def _indirect_value(e):
     """An int64 Expr computing index `e` whose indirect symbols are replaced by the Exprs they stand
     for: an "index" leaf cannot carry them (only loads bind indirect symbols), e.g. cat's bounds
     test on a position that gather read from a tensor."""
-    if not any(s in _INDIRECT for s in e.free_symbols):
+    table = _indirect_table()
+    if not any(s in table for s in e.free_symbols):
         return Expr("index", (e,), torch.int64)
-    if e in _INDIRECT:
-        return cast(_INDIRECT[e], torch.int64)
+    if e in table:
+        return cast(table[e], torch.int64)
     for kind, name in _INDEX_OPS:
         if isinstance(e, kind):
             out = _indirect_value(e.args[0])

@@ -153,8 +153,8 @@ class GraphLowering(LoweringContext):
         """Why `node` must run through aten even though it has a lowering, or None."""
         if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
             return "random op: aten draws the numbers, as eager does"
-        tensors = [t for t in [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
-                   if isinstance(t, torch.Tensor)]
+        values = [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
+        tensors = [t for t in values if isinstance(t, torch.Tensor)]
         if any(t.dtype not in ir.KERNEL_DTYPES for t in tensors):
             return "a dtype kernels have no C++ type for"
         other = [t.device for t in tensors if not ir.kernel_device(t.device)]

@@ -27,6 +27,8 @@ class Fallback(Exception):
 class LoweringContext:
     """What lowerings may ask of the graph being lowered (GraphLowering implements it)."""
 
+    facts = None  # a SizeFacts: what the guards proved about the graph's symbolic sizes
+
     def realize(self, value, layout=None):
         raise NotImplementedError
 
@@ -35,8 +37,6 @@ class LoweringContext:
 
     def out_meta(self):
         raise NotImplementedError
-
-    # facts: a SizeFacts, what the guards proved about the graph's symbolic sizes
 
 
 def register(*ops):

@@ -10,8 +10,8 @@ import torch
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const, index_expr
 from kiln.compiler.lowering_base import (ONE, ZERO, Fallback, aten, broadcast, broadcast_map, calc_dtype, check_real,
-                                         index_checker, norm_dim, op, out_sizes, pointwise, prims, promoted, register, scalar,
-                                         sym_layout)
+                                         index_checker, norm_dim, op, out_sizes, pointwise, prims, promoted, register,
+                                         scalar, sym_layout)
 
 # ---- elementwise math ----------------------------------------------------------------------
 

@@ -512,7 +512,8 @@ class ProgramGen:
         r = self.rng
         x = self.pick()
         t = self.env[x]
-        bools = [n for n in self.usable() if self.env[n].dtype == torch.bool and _broadcasts(self.env[n].shape, t.shape)]
+        bools = [n for n in self.usable()
+                 if self.env[n].dtype == torch.bool and _broadcasts(self.env[n].shape, t.shape)]
         if bools and r.random() < 0.5:
             cond, operands = r.choice(bools), [x]
         else:

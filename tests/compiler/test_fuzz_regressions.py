@@ -209,3 +209,18 @@ def test_slice_whose_symbolic_length_decreases_with_the_size():
     # that put every symbol at 8191 made it negative, and the kernel's loop dims came out None
     check(lambda a: a[:, -3:8:1], lambda: (torch.ones(13, 8, dtype=torch.bool),), dynamic=True)
     check(lambda a: a[:, -3:8] * 2 + a[:, 1:3].sum(1, keepdim=True), lambda: (grid(5, 9),), dynamic=True)
+
+
+def test_fill_of_an_expanded_input_after_an_automatic_dynamic_recompile():
+    # an expanded (stride-0) input written by fill_ runs eagerly; once its size became symbolic
+    # the overlap check skipped it (symbolic layouts were not checked) and functionalization
+    # refused the write: BackendCompilerFailed
+    def fn(a, b):
+        b.fill_(2.0)
+        return torch.clamp(a, -1.25, 0.5)
+    kiln.reset()
+    compiled = kiln.compile(fn, options={"debug": True})
+    for n in (7, 5, 9):
+        eager_in, kiln_in = [(grid(3, 1), torch.zeros(1).expand(n)) for _ in range(2)]
+        torch.testing.assert_close(compiled(*kiln_in), fn(*eager_in), rtol=0, atol=0)
+        torch.testing.assert_close(kiln_in, eager_in, rtol=0, atol=0)

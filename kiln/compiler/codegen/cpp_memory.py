@@ -11,9 +11,10 @@ embedding, indexing), is printed by a `Memory`, so one place decides what is che
   the extent of its buffer; an access outside is recorded and skipped (a kiln bug, never a read
   of foreign memory).
 
-The C++ helpers they call are in cpp_prelude. A failed check stores its site's code, the index and the bound in the entry's `int64_t kiln_err[3]`
-(its last argument); after the entry returns, the wrapper raises the site's error with its
-message (`CheckSite`), naming the kernel and the buffer or op.
+The C++ helpers they call are in cpp_prelude. A failed check stores its site's code, the index
+(-1 when not kept) and the bound in the entry's `int64_t kiln_err[3]` (its last argument); after
+the entry returns, the wrapper raises the site's error with its message (`CheckSite`), naming the
+kernel and the buffer or op.
 """
 import dataclasses
 import re
