@@ -296,4 +296,6 @@ def _outside_variable(node):
     return SymNodeVariable(node, value)
 
 
-BUILTIN_HANDLERS[inspect.getattr_static(_FUNCTION, "apply").__func__] = _apply
+# a Python classmethod up to torch 2.13 (its function is the key), a C one (_FunctionBase.apply) after
+_APPLY = inspect.getattr_static(_FUNCTION, "apply")
+BUILTIN_HANDLERS[_APPLY.__func__ if isinstance(_APPLY, classmethod) else _APPLY] = _apply

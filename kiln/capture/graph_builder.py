@@ -184,6 +184,8 @@ class OutputGraph:
                 if isinstance(value, types.MethodType):
                     g.id_match(AttrSource(source, "__func__"), value.__func__)
                     self.wrap(value.__self__, AttrSource(source, "__self__"))
+                elif _is_bound_c_method(value):  # a new object at every attribute read: equal, not identical
+                    g.add(source, f"v == {g.const(value, 'M')}", f"{source!r} == {value!r}")
                 else:
                     g.id_match(source, value)
                 if isinstance(value, torch.nn.Module):  # its methods, __call__, attribute lookup order
@@ -549,6 +551,13 @@ def shape_guards(og):
                 if isinstance(size, int) or size.node.expr.is_number:
                     guards.append(f"{source.name}.size()[{d}] == {int(size)}")
     return guards
+
+
+def _is_bound_c_method(value):
+    """`dict.fromkeys`, `SomeFunction.apply`, `obj.method` of a C type: bound to an object (not a module), so
+    every attribute read makes a new one; equality compares the object by identity and the C function."""
+    return isinstance(value, types.BuiltinMethodType) and not isinstance(getattr(value, "__self__", None),
+                                                                          (types.ModuleType, type(None)))
 
 
 def _is_numpy_scalar(value):

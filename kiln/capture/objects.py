@@ -1262,6 +1262,11 @@ def _call_value(frame, fn_var, args, kwargs):
     handler = BUILTIN_HANDLERS.get(_key(fn))
     if handler is not None:
         return handler(frame, args, kwargs)
+    if _is_bound_to_class(fn):  # a C classmethod (Function.apply on torch >= 2.14): its handler is keyed by
+        handler = BUILTIN_HANDLERS.get(inspect.getattr_static(fn.__self__, fn.__name__, None))  # descriptor
+        if handler is not None:  # and takes the class first, as a Python classmethod's handler does
+            cls_var = og.wrap(fn.__self__, AttrSource(fn_var.source, "__self__") if fn_var.source else None)
+            return handler(frame, [cls_var] + list(args), kwargs)
     if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args and \
             getattr(fn, "__objclass__", None) in (list, tuple, dict, set) and \
             isinstance(args[0], (ListVariable, TupleVariable, DictVariable, SetVariable)):
@@ -1308,6 +1313,10 @@ def _call_value(frame, fn_var, args, kwargs):
     if isinstance(call_attr, types.FunctionType):
         return call_python_function(frame, call_attr, [fn_var] + list(args), kwargs)
     raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)")
+
+
+def _is_bound_to_class(fn):
+    return isinstance(fn, types.BuiltinMethodType) and isinstance(getattr(fn, "__self__", None), type)
 
 
 def _key(fn):
