@@ -50,9 +50,11 @@ def _check_arguments(model, fullgraph, dynamic, mode, options, disable):
     if options is not None:
         if not isinstance(options, dict):
             raise InvalidArgument(f"options must be a dict, got {type(options).__name__}")
-        unknown = sorted(k for k in options if k not in config_mod.COMPILER_OPTIONS)
+        unknown = sorted((k for k in options if k not in config_mod.COMPILER_OPTIONS), key=repr)
         if unknown:
             raise InvalidArgument(f"unknown option(s) {unknown}; known options: {list_options()}")
+        for name, value in options.items():
+            config_mod.check_value(config_mod.COMPILER_OPTIONS, "option", name, value)
 
 
 def _wrap_function(fn, compiled):

@@ -86,9 +86,41 @@ def with_null(value, null):
 
 def loads_method(inst):
     """Does `inst` push a callable for a call together with a NULL/self slot? (LOAD_METHOD on 3.11,
-    LOAD_ATTR with its low bit on 3.12+.)"""
-    return inst.opname == "LOAD_METHOD" or (inst.opname == "LOAD_ATTR" and LOAD_ATTR_METHOD_BIT
-                                            and bool(inst.arg & 1))
+    LOAD_ATTR and LOAD_SUPER_ATTR with their low bit on 3.12+.)"""
+    return inst.opname == "LOAD_METHOD" or (inst.opname in ("LOAD_ATTR", "LOAD_SUPER_ATTR")
+                                            and LOAD_ATTR_METHOD_BIT and bool(inst.arg & 1))
+
+
+# ---- call sites -------------------------------------------------------------------------------------
+# 3.11 runs PRECALL n before each CALL n; 3.12 dropped PRECALL.
+PRECALL_BEFORE_CALL = VERSION == (3, 11)
+
+# Instructions between a call's last operand and the instruction that calls, which must stay next to it:
+# KW_NAMES (3.11/3.12: sets the keyword names that the next call reads) and 3.11's PRECALL. Neither
+# changes the stack as far as the call's slots go. (3.13's CALL_KW takes its names from the stack.)
+CALL_PREFIXES = frozenset({"KW_NAMES", "PRECALL"})
+
+
+def call_operands(inst):
+    """For an instruction that calls: how many stack values lie above its two call slots (the callable
+    and its NULL/self slot, ordered as callable_and_self says), else None. CALL n: its n arguments;
+    CALL_KW n (3.13): the arguments and the tuple of keyword names; CALL_FUNCTION_EX: the positional
+    tuple, and the keyword dict when its low bit is set."""
+    name = inst.opname
+    if name == "CALL":
+        return inst.arg
+    if name == "CALL_KW":
+        return inst.arg + 1
+    if name == "CALL_FUNCTION_EX":
+        return 1 + (inst.arg & 1)
+    return None
+
+
+def call_slot_depths(operands):
+    """-> (stack depth of the callable, depth of its NULL/self slot), 1 = the top, for a call with
+    `operands` values above its two call slots."""
+    upper, lower = operands + 1, operands + 2
+    return (lower, upper) if NULL_AFTER_CALLABLE else (upper, lower)
 
 
 def local_accesses(inst):

@@ -14,14 +14,15 @@ the stack tells them apart from the compiler's method-form calls (a `with` block
 `assert`'s message, a decorator), where the slot above the NULL is not the callable.
 
 What differs between CPython versions (how a call site lays out its stack, which instructions push
-a NULL, how to call `resolve`) lives in one table, `_FACTS`: add 3.12 and 3.13 there.
+a NULL or must stay next to the call) is asked of bytecode_facts, as the interpreter asks it.
 """
 import dis
-import sys
 import types
 import weakref
 
 from bytecode import Bytecode, Instr
+
+from kiln.capture import bytecode_facts as facts
 
 NULL, VALUE, UNKNOWN = "N", "V", "?"
 
@@ -51,95 +52,96 @@ class CannotRewrite(Exception):
     """The stack analysis did not settle (a layout this table does not know): run the code as it is."""
 
 
-# ---- the version table ------------------------------------------------------------------------------
-class _Python311:
-    """CPython 3.11. A call is `[NULL | method] [callable | self] args... KW_NAMES? PRECALL n; CALL n`;
-    PUSH_NULL and LOAD_GLOBAL (low bit of its argument) put the NULL below the callable; LOAD_METHOD
-    pushes [method, self] or [NULL, attribute] (rewritten to LOAD_ATTR so it is always the latter);
-    CALL_FUNCTION_EX is `NULL callable args kwargs?`."""
+# ---- call sites, in terms of bytecode_facts ---------------------------------------------------------
+# A call site is `[two call slots] operands... prefixes... call`: the slots hold the callable and a
+# NULL (a plain call) or a method and its self (3.11/3.12: [NULL | method, callable | self]; 3.13:
+# [callable | method, NULL | self]). Method loads are rewritten to a plain attribute load and a NULL
+# (LOAD_METHOD, and LOAD_ATTR / LOAD_SUPER_ATTR with their method bit), so the callable of every call
+# that reads like `f(...)` is a value in a slot beside a NULL. PUSH_NULL and LOAD_GLOBAL's low bit push
+# the NULL. Everything version-specific is asked of bytecode_facts.
 
-    def effect(self, inst):
-        """-> (values popped, kinds pushed) for instructions whose stack kinds matter, else None."""
-        name, arg = inst.opname, inst.arg
-        if name == "PUSH_NULL":
-            return 0, [NULL]
-        if name == "LOAD_GLOBAL":
-            return 0, [NULL, VALUE] if arg & 1 else [VALUE]
-        if name == "LOAD_METHOD":  # after normalize(): [NULL, bound attribute]
-            return 1, [NULL, VALUE]
-        if name == "PRECALL":      # PRECALL and CALL together pop NULL|method, callable|self, args
-            return arg + 2, [VALUE]
-        if name == "CALL":
-            return 0, []
-        if name == "CALL_FUNCTION_EX":
-            return 3 + (arg & 1), [VALUE]
-        if name == "RETURN_GENERATOR":  # the generator is resumed with a value, popped by the next POP_TOP
-            return 0, [VALUE]
+def _effect(inst):
+    """-> (values popped, kinds pushed) for instructions whose stack kinds matter, else None."""
+    name = inst.opname
+    if name == "PUSH_NULL":
+        return 0, [NULL]
+    if (name == "LOAD_GLOBAL" and inst.arg & 1) or facts.loads_method(inst):  # after _normalize
+        pushed = facts.with_null(VALUE, NULL)
+        return len(pushed) - dis.stack_effect(inst.opcode, inst.arg), pushed
+    if name in facts.CALL_PREFIXES:
+        return 0, []
+    operands = facts.call_operands(inst)
+    if operands is not None:  # pops both call slots and the operands, pushes the result
+        return operands + 2, [VALUE]
+    if name == "RETURN_GENERATOR":  # the generator is resumed with a value, popped by the next POP_TOP
+        return 0, [VALUE]
+    return None
+
+
+def _callable_depth(inst, kinds):
+    """The stack depth (1 = top) of the callable a call site calls, or None when it is not a plain
+    call (its other call slot is not a NULL)."""
+    operands = facts.call_operands(inst)
+    if operands is None:
         return None
+    depth, null_depth = facts.call_slot_depths(operands)
+    if len(kinds) >= null_depth and kinds[-null_depth] == NULL:
+        return depth
+    return None
 
-    def callable_depth(self, inst, kinds):
-        """The stack depth (1 = top) of the callable a call site calls, or None when it is not a
-        plain call (the slot below the callable is not a NULL)."""
-        if inst.opname == "PRECALL":
-            depth = inst.arg + 1
-        elif inst.opname == "CALL_FUNCTION_EX":
-            depth = 2 + (inst.arg & 1)
-        else:
-            return None
-        if len(kinds) > depth and kinds[-depth - 1] == NULL:
-            return depth
+
+def _call_starts_at(insts, n):
+    """Index of the first instruction of the call sequence ending in insts[n] (KW_NAMES sets the
+    keyword names for the next call, so `resolve` must be called before it)."""
+    while n and insts[n - 1].opname in facts.CALL_PREFIXES:
+        n -= 1
+    return n
+
+
+def _normalize(instr, inst):
+    """Instructions to use instead of `instr` (whose dis form is `inst`) so that every method load
+    pushes a bound attribute and a NULL, in the version's slot order; None to keep it."""
+    if not facts.loads_method(inst):
         return None
-
-    def call_starts_at(self, insts, n):
-        """Index of the first instruction of the call sequence ending in insts[n] (KW_NAMES sets the
-        keyword names for the next call, so `resolve` must be called before it)."""
-        return n - 1 if n and insts[n - 1].opname == "KW_NAMES" else n
-
-    def normalize(self, instr):
-        """Instructions to use instead of `instr` so every call site has its NULL below the callable."""
-        if instr.name == "LOAD_METHOD":
-            loc = instr.location
-            return [Instr("LOAD_ATTR", instr.arg, location=loc), Instr("PUSH_NULL", location=loc),
-                    Instr("SWAP", 2, location=loc)]
-        return None
-
-    def resolve_slot(self, depth, resolve, loc):
-        """Instructions replacing the value at `depth` (1 = top) by resolve(value), stack otherwise as is."""
-        return [Instr("PUSH_NULL", location=loc), Instr("LOAD_CONST", resolve, location=loc),
-                Instr("COPY", depth + 2, location=loc), Instr("PRECALL", 1, location=loc),
-                Instr("CALL", 1, location=loc), Instr("SWAP", depth + 1, location=loc),
-                Instr("POP_TOP", location=loc)]
+    loc, arg = instr.location, instr.arg
+    if isinstance(arg, tuple):  # the bytecode package's (method bit, ..., name) form of 3.12+
+        arg = (False,) + arg[1:]
+    plain = Instr("LOAD_ATTR" if instr.name == "LOAD_METHOD" else instr.name, arg, location=loc)
+    if facts.NULL_AFTER_CALLABLE:
+        return [plain, Instr("PUSH_NULL", location=loc)]
+    return [plain, Instr("PUSH_NULL", location=loc), Instr("SWAP", 2, location=loc)]
 
 
-_FACTS = {(3, 11): _Python311()}  # helper P: add (3, 12) and (3, 13) here
-
-
-def _facts():
-    facts = _FACTS.get(sys.version_info[:2])
-    if facts is None:
-        raise CannotRewrite(f"no call-site table for Python {sys.version_info[0]}.{sys.version_info[1]}")
-    return facts
+def _resolve_slot(depth, resolve, loc):
+    """Instructions replacing the value at `depth` (1 = top) by resolve(value), stack otherwise as is."""
+    call = [Instr("CALL", 1, location=loc)]
+    if facts.PRECALL_BEFORE_CALL:
+        call.insert(0, Instr("PRECALL", 1, location=loc))
+    return facts.with_null(Instr("LOAD_CONST", resolve, location=loc), Instr("PUSH_NULL", location=loc)) + \
+        [Instr("COPY", depth + 2, location=loc)] + call + \
+        [Instr("SWAP", depth + 1, location=loc), Instr("POP_TOP", location=loc)]
 
 
 # ---- the rewrite ------------------------------------------------------------------------------------
 def rewrite_calls(code, resolve):
     """A copy of `code` whose call sites call `resolve(callable)(args...)`. Raises CannotRewrite."""
-    facts = _facts()
     insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-    sites = _call_sites(code, insts, facts)
+    sites = _call_sites(code, insts)
     bc = Bytecode.from_code(code)
     out, n = [], 0
     for item in bc:
         if not isinstance(item, Instr):
             out.append(item)
             continue
+        if n >= len(insts) or insts[n].opname != item.name:
+            raise CannotRewrite(f"{code.co_qualname}: bytecode and dis disagree on the instructions")
         depth = sites.get(n)
         if depth is not None:
-            out.extend(facts.resolve_slot(depth, resolve, item.location))
-        n += 1
+            out.extend(_resolve_slot(depth, resolve, item.location))
         if isinstance(item.arg, types.CodeType):
             item = Instr(item.name, rewrite_calls(item.arg, resolve), location=item.location)
-        out.extend(facts.normalize(item) or [item])
+        out.extend(_normalize(item, insts[n]) or [item])
+        n += 1
     if n != len(insts):
         raise CannotRewrite(f"{code.co_qualname}: bytecode and dis disagree on the instructions")
     bc[:] = out
@@ -147,29 +149,25 @@ def rewrite_calls(code, resolve):
     return new.replace(co_consts=new.co_consts + (_Original(code),))
 
 
-def _call_sites(code, insts, facts):
+def _call_sites(code, insts):
     """{index of the instruction where `resolve` goes: depth of the callable} for each plain call."""
-    kinds_at = _stack_kinds(code, insts, facts)
+    kinds_at = _stack_kinds(code, insts)
     sites = {}
     for n, inst in enumerate(insts):
         kinds = kinds_at[n]
         if kinds is None:  # unreachable
             continue
-        depth = facts.callable_depth(inst, kinds)
+        depth = _callable_depth(inst, kinds)
         if depth is not None:
-            sites[facts.call_starts_at(insts, n)] = depth
+            sites[_call_starts_at(insts, n)] = depth
     return sites
 
 
-_NO_FALLTHROUGH = {"RETURN_VALUE", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD",
-                   "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP", "JUMP_NO_INTERRUPT", "RETURN_CONST"}
-
-
-def _stack_kinds(code, insts, facts):
+def _stack_kinds(code, insts):
     """For each instruction, the kinds (NULL, VALUE, UNKNOWN) of the stack slots before it runs, or
     None where it is unreachable. A worklist over jumps, fall-throughs and exception handlers."""
     index_of = _index_of_offsets(code, insts)
-    handlers = dis._parse_exception_table(code)
+    handlers = facts.exception_table(code)
     kinds_at = [None] * len(insts)
     kinds_at[0] = ()
     work = [0]
@@ -181,15 +179,15 @@ def _stack_kinds(code, insts, facts):
                 if e.depth > len(kinds):
                     raise CannotRewrite(f"{code.co_qualname}: handler depth {e.depth} above the stack")
                 _merge(code, kinds_at, work, index_of[e.target], kinds[:e.depth] + (VALUE,) * (1 + e.lasti))
-        jumps = inst.opcode in dis.hasjrel or inst.opcode in dis.hasjabs
+        jumps = facts.is_jump(inst)
         if jumps:
-            _merge(code, kinds_at, work, index_of[inst.argval], _after(code, facts, inst, kinds, jump=True))
-        if inst.opname not in _NO_FALLTHROUGH and n + 1 < len(insts):
-            _merge(code, kinds_at, work, n + 1, _after(code, facts, inst, kinds, jump=False if jumps else None))
+            _merge(code, kinds_at, work, index_of[inst.argval], _after(code, inst, kinds, jump=True))
+        if inst.opname not in facts.NO_FALLTHROUGH and n + 1 < len(insts):
+            _merge(code, kinds_at, work, n + 1, _after(code, inst, kinds, jump=False if jumps else None))
     return kinds_at
 
 
-def _after(code, facts, inst, kinds, jump):
+def _after(code, inst, kinds, jump):
     """The stack kinds after `inst` runs (taking its jump or not)."""
     if inst.opname == "SWAP":
         k = list(kinds)
@@ -197,7 +195,7 @@ def _after(code, facts, inst, kinds, jump):
         return tuple(k)
     if inst.opname == "COPY":
         return kinds + (kinds[-inst.arg],)
-    effect = facts.effect(inst)
+    effect = _effect(inst)
     if effect is None:
         net = dis.stack_effect(inst.opcode, inst.arg if inst.opcode >= dis.HAVE_ARGUMENT else None, jump=jump)
         # other instructions neither pop nor push a NULL: what they pop and push are all values

@@ -19,8 +19,14 @@ snapshot taken at capture; if they are the same, the new tag is remembered and t
 again. Where tags cannot be used (another interpreter build), every check takes the slow path.
 
 Built-in (static) and immutable classes cannot change, so they need no guard at all.
+
+A watch holds its class, the MRO and the attributes it remembers weakly where it can (a class made
+at run time must die with its last instance, and a method using `super()` refers to its class): a
+class that died is "changed", and the entry guarding it is dropped by its Liveness anyway.
 """
 import ctypes
+import types
+import weakref
 
 _HEAPTYPE, _IMMUTABLE, _VALID_TAG = 1 << 9, 1 << 8, 1 << 19
 # byte offsets in PyTypeObject on 64-bit CPython 3.11-3.13 (cpython/object.h)
@@ -61,7 +67,7 @@ class ClassWatch:
     __slots__ = ("cls", "snapshot", "tag_ref", "tag")
 
     def __init__(self, cls):
-        self.cls, self.snapshot = cls, _snapshot(cls)
+        self.cls, self.snapshot = weakref.ref(cls), _snapshot(cls)
         self.tag_ref = _tag_ref(cls) if _TAGS_WORK else None
         self.tag = current_tag(cls)
 
@@ -70,13 +76,13 @@ class ClassWatch:
         tag now is remembered, so the next check takes the fast path again."""
         if not _dicts_unchanged(self.snapshot):
             return False
-        self.tag = current_tag(self.cls)
+        self.tag = current_tag(self.cls())
         return True
 
 
 def guard_expression(cls, const):
     """A Python expression true while `cls` is unchanged since now; `const(obj, hint)` interns the
-    objects it refers to (they stay alive as long as the guard, and the class with them)."""
+    objects it refers to (the watch holds the class weakly)."""
     watch = ClassWatch(cls)
     name = const(watch, "CLSW")
     if watch.tag_ref is None:
@@ -85,18 +91,43 @@ def guard_expression(cls, const):
 
 
 def _snapshot(cls):
-    """(class, its MRO, and for each changeable class in it, its attributes by identity)."""
-    return cls, cls.__mro__, tuple((k, dict(k.__dict__)) for k in cls.__mro__ if can_change(k))
+    """(class, its MRO, and for each changeable class in it, a check per attribute that the class
+    still holds that same object), all held weakly where the values allow it."""
+    return (weakref.ref(cls), tuple(map(weakref.ref, cls.__mro__)),
+            tuple((weakref.ref(k), {name: _same_as(v, k) for name, v in k.__dict__.items()})
+                  for k in cls.__mro__ if can_change(k)))
+
+
+def _same_as(value, klass):
+    """check(now, klass) -> whether `now`, found in `klass`'s dict, is `value`, without keeping
+    `klass` alive: a weak reference where the type allows one; the class's own slots (`__dict__`,
+    `__weakref__`, which refer to it) by kind and owner; other values (numbers, strings, static
+    methods) held plainly."""
+    if isinstance(value, _OWN_SLOTS) and value.__objclass__ is klass:
+        kind = type(value)
+        return lambda now, klass: type(now) is kind and now.__objclass__ is klass
+    try:
+        ref = weakref.ref(value)
+    except TypeError:
+        return lambda now, klass: now is value
+    return lambda now, klass: now is ref()
+
+
+_OWN_SLOTS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 
 
 def _dicts_unchanged(snapshot):
     cls, mro, dicts = snapshot
-    if cls.__mro__ != mro:
+    cls = cls()
+    if cls is None or len(cls.__mro__) != len(mro) or any(a is not b() for a, b in zip(cls.__mro__, mro)):
         return False
     for klass, attrs in dicts:
+        klass = klass()
+        if klass is None:
+            return False
         now = klass.__dict__
-        if len(now) != len(attrs) or any(now.get(name, _dicts_unchanged) is not value
-                                          for name, value in attrs.items()):
+        if len(now) != len(attrs) or any(not same(now.get(name, _dicts_unchanged), klass)
+                                          for name, same in attrs.items()):
             return False
     return True
 

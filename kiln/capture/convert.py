@@ -17,6 +17,9 @@ import torch.fx
 from kiln import config as config_mod
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
+from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
+                          context_managers, copy_models, function_objects, generator_models, library_models,
+                          numpy_support, weakref_models)  # their models)
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
@@ -50,13 +53,15 @@ class EagerCall(EagerFrame):
 
 class CacheEntry:
     __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
-                 "input_values")
+                 "input_values", "liveness", "__weakref__")
 
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_values):
+    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_values,
+                 liveness):
         self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
         self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
         # (Source, size tuple of a tensor input or value of a number folded in), for automatic dynamic
         self.input_values = input_values
+        self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
 
 
 class _Break:
@@ -100,7 +105,7 @@ class Capture:
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
                 if why_not:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
-                self.break_at, self.break_reason = inst.offset, e
+                self.break_at, self.break_reason = inst.offset, _detached(e)
             finally:
                 self.og.leave_contexts()
         raise EagerFrame("capture did not settle")
@@ -117,6 +122,15 @@ class Capture:
 
     def graph_break(self, frame, inst):
         return _Break(frame, inst, self.break_reason)
+
+
+def _detached(error):
+    """`error` without its traceback and chained exceptions: a cache entry keeps it (to say why the
+    graph broke), and a traceback would keep capture's frames alive, and the user's function with them."""
+    error.__traceback__ = error.__cause__ = error.__context__ = None
+    if error.python_exception is not None:
+        error.python_exception.__traceback__ = None
+    return error
 
 
 def _why_not_breakable(code, inst, open_exits=()):
@@ -221,7 +235,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src,
-                       og.input_values())
+                       og.input_values(), og.guards.liveness)
     _log_entry(code, entry, og)
     return entry
 

@@ -5,6 +5,8 @@ the frame produced (return value, or the live stack and locals at a graph break)
 effects, and at a break runs the breaking construct natively and tail-calls the resume function
 through the runtime. Generated as Python source so KILN_LOGS=bytecode shows something readable.
 """
+import collections
+import functools
 import inspect
 import types
 
@@ -12,17 +14,23 @@ import torch
 
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
-from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DictIterator, DictVariable,
-                                    DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator, MapIterator,
-                                    SequenceIterator, ZipIterator,
+from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
+                                    DictVariable, DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator,
+                                    MapIterator, SequenceIterator, ZipIterator,
                                     FreshObjectVariable, GeneratorVariable, GradModeExit,
-                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable, TupleVariable)
+                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable, NDArrayVariable, ObjectIterator,
+                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable,
+                                    TensorVariable, TupleVariable)
 from kiln.capture.graph_builder import python_expr
+from kiln.capture.objects import key_var
 from kiln.exc import Unsupported
 
 _LITERAL_TYPES = (int, bool, str, type(None), bytes)
 _SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
+
+
+MUTATION_WRITERS = []  # fn(glue, container, target) -> [(format, value Variable or None)] or None (not its kind)
+REBUILDERS = {}  # a Variable kind defined in its own module -> fn(glue, var) -> an expression that rebuilds it
 
 
 def _make_cell(*contents):
@@ -41,6 +49,35 @@ def _at_index(iterator, index):
     return iterator
 
 
+def _new_instance(cls, items):
+    """An instance of a user subclass of list/tuple/dict holding `items`, made past the subclass's own
+    __new__/__init__/__setitem__ (they ran during capture already, or never: a rebuild only restores)."""
+    if issubclass(cls, tuple):
+        return tuple.__new__(cls, items)
+    base = list if issubclass(cls, list) else collections.OrderedDict if issubclass(cls, collections.OrderedDict) \
+        else dict
+    obj = base.__new__(cls)
+    if base is list:
+        list.extend(obj, items)
+    else:
+        for k, v in items.items():
+            base.__setitem__(obj, k, v)
+    return obj
+
+
+def _user_container(cls):
+    """A user's (heap) subclass of list/tuple/dict that a rebuild makes with _new_instance."""
+    return cls not in (list, tuple, dict) and bool(cls.__flags__ & (1 << 9)) and not hasattr(cls, "_fields") and \
+        not (cls.__module__ == "collections" or cls.__module__.startswith(("torch", "transformers")))
+
+
+def _finished_generator():
+    """A new generator that has already finished (one capture ran to its end, or closed)."""
+    gen = (x for x in ())
+    gen.close()
+    return gen
+
+
 class Glue:
     def __init__(self, og):
         self.og = og
@@ -49,6 +86,7 @@ class Glue:
         self.outputs = []      # TensorVariables the graph must return, in order
         self._out_index = {}
         self._tmp = {}         # id(Variable) -> temp name
+        self._alive = []       # the Variables named in _tmp, kept so their ids stay theirs
         self._n = 0
         self._deferred = []    # lines that fill objects/cells after all of them exist
 
@@ -79,12 +117,14 @@ class Glue:
                 expr = f"{self.value(as_tensor)}.item()"
             name = self._new_tmp()  # computed again from the inputs at run time, as Python would
             self._tmp[id(var)] = name
+            self._alive.append(var)
             self.emit(f"{name} = {expr}")
             return name
         if isinstance(var, interp.RealCell):
             return var.source.expr(self.ctx).rsplit(".cell_contents", 1)[0]
         name = self._new_tmp()
         self._tmp[id(var)] = name
+        self._alive.append(var)  # a temporary one (made to render a __dict__) must keep its id while named
         self.emit(f"{name} = {self._build(var, name)}")
         return name
 
@@ -100,8 +140,14 @@ class Glue:
             return var.source.expr(self.ctx) if var.source is not None else self.const(var.value, "OBJ")
         if isinstance(var, (ListVariable, DictVariable, SetVariable)) and var.source is not None:
             return var.source.expr(self.ctx)
+        if isinstance(var, DequeVariable):
+            body = "[" + ", ".join(self.value(i) for i in var.items) + "]"
+            return f"{self.const(collections.deque, 'DEQUE')}({body}, {var.maxlen!r})"
         if isinstance(var, ListVariable):
             body = "[" + ", ".join(self.value(i) for i in var.items) + "]"
+            self._set_attributes(name, {}, DictVariable(var.attrs))
+            if _user_container(var.cls):
+                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
             return body if var.cls is list else f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, TupleVariable):
             items = ", ".join(self.value(i) for i in var.items)
@@ -109,27 +155,43 @@ class Glue:
                 return f"({items}{',' if len(var.items) == 1 else ''})"
             if hasattr(var.cls, "_fields"):
                 return f"{self.const(var.cls, 'CLS')}({items})"
-            return f"{self.const(var.cls, 'CLS')}(({items}{',' if len(var.items) == 1 else ''}))"
+            if var.attrs:  # an instance of a tuple subclass has a __dict__
+                self._set_attributes(name, {}, DictVariable(var.attrs))
+            body = f"({items}{',' if len(var.items) == 1 else ''})"
+            if _user_container(var.cls):
+                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
+            return f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, SetVariable):
-            return "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
+            body = "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
+            return body if var.cls is set else f"frozenset({body})"
         if isinstance(var, DataDictVariable):
             args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())
             return f"{self.const(var.cls, 'CLS')}({args})"
         if isinstance(var, DictVariable):
-            body = "{" + ", ".join(f"{self.value(ConstantVariable(k))}: {self.value(v)}"  # a torch.Size key too
-                                   for k, v in var.items.items()) + "}"
+            body = "{" + ", ".join(f"{self.value(key_var(k))}: {self.value(v)}" for k, v in var.items.items()) + "}"
             if var.cls is dict:
                 return body
             factory = getattr(var, "default_factory", None)
             if factory is not None:
                 return f"{self.const(var.cls, 'CLS')}({self.value(factory)}, {body})"
+            if _user_container(var.cls):
+                self._set_attributes(name, {}, DictVariable(var.attrs))
+                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
             return f"{self.const(var.cls, 'CLS')}({body})"
+        if isinstance(var, NDArrayVariable):
+            if var.source is not None:
+                return var.source.expr(self.ctx)
+            return f"{self.const(NDArrayVariable.to_numpy, 'TONUMPY')}({self.value(var.tensor)}, {var.scalar})"
         if isinstance(var, SliceVariable):
             return "slice(" + ", ".join(self.value(p) for p in var.parts) + ")"
         if isinstance(var, ExitVariable) and var.restores is not None:
             return self.const(GradModeExit.restoring(var.restores), "EXIT")
+        if isinstance(var, GeneratorVariable) and var.done:
+            return f"{self.const(_finished_generator, 'DONEGEN')}()"
         if isinstance(var, GeneratorVariable) and var.count == 0:
             return self._unstarted_generator(var)
+        if isinstance(var, ObjectIterator):
+            return self.value(var.obj)
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
         if isinstance(var, (SequenceIterator, DictIterator, DictViewVariable, MapIterator, ZipIterator,
@@ -148,15 +210,26 @@ class Glue:
             closure = "(" + "".join(self.value(c) + ", " for c in var.closure) + ")" if var.closure else "None"
             fn = (f"{self.const(types.FunctionType, 'FN')}({self.const(var.code, 'CODE')}, "
                   f"{self.const(var.f_globals, 'GD')}, {var.name.rsplit('.', 1)[-1]!r}, {defaults}, {closure})")
+            fn_attrs = dict(var.slots)
             if var.kwdefaults is not None:
-                self._deferred.append(lambda: f"{name}.__kwdefaults__ = {self.value(var.kwdefaults)}")
+                fn_attrs["__kwdefaults__"] = var.kwdefaults
+            if "__qualname__" not in fn_attrs and "." in var.name:
+                fn_attrs["__qualname__"] = ConstantVariable(var.name)
+            self._set_attributes(name, fn_attrs, var.attrs)
             return fn
+        if isinstance(var, PartialVariable):
+            parts = [self.value(var.func)] + [self.value(a) for a in var.args] + \
+                [f"**{self.value(var.keywords)}"]
+            self._set_attributes(name, {}, var.attrs)
+            return f"{self.const(functools.partial, 'PARTIAL')}({', '.join(parts)})"
         if isinstance(var, MethodVariable):
             obj = self.value(var.obj)
             if isinstance(var.fn, str):
                 return f"{obj}.{var.fn}"
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
+        if (rebuild := REBUILDERS.get(type(var))) is not None:
+            return rebuild(self, var)
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
 
     def _lazy_iterable(self, var):
@@ -182,6 +255,14 @@ class Glue:
         if isinstance(var, FilterIterator):
             return f"filter({self.value(var.fn)}, {self.value(var.iterator)})"
         return f"enumerate({self.value(var.iterator)}, {var.count})"
+
+    def _set_attributes(self, name, attrs, instance_dict):
+        """After all values exist: set the attributes `attrs` (name -> Variable) of the object `name`,
+        and fill its __dict__ from `instance_dict` (a DictVariable), unless both are empty."""
+        if attrs:
+            self._deferred.append(lambda: "; ".join(f"{name}.{k} = {self.value(v)}" for k, v in attrs.items()))
+        if instance_dict.items:
+            self._deferred.append(lambda: f"{name}.__dict__.update({self.value(instance_dict)})")
 
     def _unstarted_generator(self, var):
         """A generator not run yet (made just before a break): call its function again, natively."""
@@ -210,21 +291,33 @@ class Glue:
         todo = []  # (format with {} for the value, value Variable)
         for container in se.mutated:
             target = container.source.expr(self.ctx)
-            if isinstance(container, ListVariable):
+            written = next((w for w in (writer(self, container, target) for writer in MUTATION_WRITERS)
+                            if w is not None), None)
+            if written is not None:
+                todo.extend(written)
+            elif isinstance(container, DequeVariable):  # a deque has no slice assignment
+                todo.append((f"__q = {target}; __q.clear(); __q.extend({{}})", ListVariable(container.items)))
+            elif isinstance(container, ListVariable):
                 todo.append((f"{target}[:] = {{}}", ListVariable(container.items)))
             elif isinstance(container, SetVariable):  # in place, so the set keeps its own table
                 todo.append((f"__s = {target}; __n = {{}}; __s -= __s - __n; __s |= __n",
                              SetVariable(container.vars.items())))
             else:
                 todo.append((f"__d = {target}; __d.clear(); __d.update({{}})", DictVariable(container.items)))
+        deletes = []
         for obj_var, name, value in se.attr_stores.values():
-            todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
+            if value is se.DELETED:
+                deletes.append(f"delattr({self.value(obj_var)}, {name!r})")
+            else:
+                todo.append((f"setattr({self.value(obj_var)}, {name!r}, {{}})", value))
         for source, value in list(se.global_stores.values()) + list(se.cell_stores.values()):
             todo.append((f"{source.expr(self.ctx)} = {{}}", value))
-        rendered = [(fmt, self.value(v)) for fmt, v in todo]
+        rendered = [(fmt, None if v is None else self.value(v)) for fmt, v in todo]
         self.finish_values()
         for fmt, v in rendered:
-            self.emit(fmt.format(v))
+            self.emit(fmt if v is None else fmt.format(v))
+        for line in deletes:
+            self.emit(line)
 
     def function(self, graph_fn, input_sources, tail):
         """Assemble `def __kiln_entry(F, L)`; `tail` are the final lines (return / break)."""

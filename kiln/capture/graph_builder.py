@@ -8,6 +8,7 @@ import builtins
 import collections
 import contextlib
 import enum
+import functools
 import operator
 import re
 import sys
@@ -26,9 +27,10 @@ from kiln.capture import dynamic
 from kiln.capture.guards import GuardSet
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
-from kiln.capture.sources import AttrSource, GlobalSource, ItemSource
-from kiln.capture.variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
-                                    SliceVariable, SymNodeVariable, TensorVariable, TupleVariable, is_constant)
+from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
+from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
+                                    SliceVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable, Variable,
+                                    is_constant)
 import torch._guards
 from kiln.exc import Unsupported
 from kiln.torch_compat import UnmanagedAutocast
@@ -45,6 +47,12 @@ _LIBRARY_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "iter
 def is_library_module(mod):
     name = getattr(mod, "__name__", "") or ""
     return name.split(".")[0] in _LIBRARY_PREFIXES
+
+
+# Types whose existing values another module wraps (numpy_support: ndarrays): type -> fn(og, value,
+# source, guard) -> Variable. They register here, so this module imports none of them.
+VALUE_WRAPPERS = {}
+SUBCLASS_WRAPPERS = {}  # builtin base (list) -> fn(og, value, source, guard) for instances of its subclasses, or None
 
 
 class GradModeBreak(Unsupported):
@@ -124,6 +132,8 @@ class OutputGraph:
     # ---- values from outside --------------------------------------------------------------------
     def wrap(self, value, source, guard=True):
         """The Variable for an existing object reached through `source`, with its guards."""
+        if isinstance(value, Variable):  # put into a real object capture made (a StopIteration's value)
+            return value
         known = self._by_id.get(id(value))
         if known is not None and not is_constant(value):
             if guard and source is not None and known.source is None:
@@ -142,6 +152,9 @@ class OutputGraph:
         g = self.guards if (guard and source is not None) else None
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        wrapper = VALUE_WRAPPERS.get(type(value))
+        if wrapper is not None:
+            return wrapper(self, value, source, guard)
         if is_constant(value):
             if g and source in self._numbers:
                 return self._numbers[source]
@@ -160,11 +173,23 @@ class OutputGraph:
             if type(value) is list:
                 return ListVariable(items, source)
             return TupleVariable(items, source, type(value))
-        if type(value) in (dict, collections.OrderedDict) and all(is_constant(k) for k in value):
+        if type(value) is collections.deque:
+            if g:
+                g.len_match(source, value)
+                g.add(source, f"v.maxlen == {value.maxlen!r}", f"{source!r}.maxlen == {value.maxlen!r}")
+            items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
+            return DequeVariable(items, source, value.maxlen)
+        if type(value) in _DICT_TYPES and all(_stable_key(k) or isinstance(k, torch.Tensor) for k in value):
             if g:
                 g.keys_match(source, value)
-            items = {k: self.wrap(v, ItemSource(source, k) if source else None, guard) for k, v in value.items()}
-            return DictVariable(items, source, type(value))
+            get = value.__getitem__ if type(value) is types.MappingProxyType else functools.partial(dict.__getitem__, value)
+            items = {self._dict_key(k): self.wrap(get(k), ItemSource(source, k) if source else None, guard)
+                     for k in value}  # (dict's own lookup: a subclass's __getitem__ or __missing__ is not run)
+            d = DictVariable(items, source, type(value))
+            if type(value) is collections.defaultdict:
+                d.default_factory = self.wrap(value.default_factory,
+                                              AttrSource(source, "default_factory") if source else None, guard)
+            return d
         if _is_numpy_scalar(value):  # torch treats them as Python numbers: guard the value, fold the number
             if g:
                 g.const_match(source, value)
@@ -184,13 +209,20 @@ class OutputGraph:
                 if isinstance(value, types.MethodType):
                     g.id_match(AttrSource(source, "__func__"), value.__func__)
                     self.wrap(value.__self__, AttrSource(source, "__self__"))
-                elif _is_bound_c_method(value):  # a new object at every attribute read: equal, not identical
-                    g.add(source, f"v == {g.const(value, 'M')}", f"{source!r} == {value!r}")
+                elif isinstance(value, types.BuiltinMethodType) and not isinstance(value.__self__, (types.ModuleType, type(None))):
+                    # a C method bound to an object is a new object on every read: compare by == (the
+                    # same method of the same object)
+                    g.add(source, f"v == {g.const(value, 'BM')}", f"{source!r} is {value!r}")
                 else:
                     g.id_match(source, value)
                 if isinstance(value, torch.nn.Module):  # its methods, __call__, attribute lookup order
                     g.class_unchanged(type(value))
             return ObjectVariable(value, source)
+        for base in type(value).__mro__[1:]:  # an instance of a list/tuple/dict subclass (container_subclasses)
+            if (wrapper := SUBCLASS_WRAPPERS.get(base)) is not None:
+                if (var := wrapper(self, value, source, guard)) is not None:
+                    return var
+                break
         if isinstance(value, enum.Enum):  # members are singletons: identity says everything
             if g:
                 g.id_match(source, value)
@@ -199,6 +231,12 @@ class OutputGraph:
             g.type_match(source, value)
             g.class_unchanged(type(value))  # what capture reads through the object's class
         return ObjectVariable(value, source, opaque=g is not None)
+
+    def _dict_key(self, key):
+        """The key a DictVariable stores for a key of an existing dict (a tensor key: by identity)."""
+        if isinstance(key, torch.Tensor):
+            return TensorKey(self.wrap(key, ConstSource(key)))
+        return key
 
     def _wrap_set(self, value, source, g):
         """A set of constants: guarded on its items in their iteration order (which the code may see)."""
@@ -553,11 +591,18 @@ def shape_guards(og):
     return guards
 
 
-def _is_bound_c_method(value):
-    """`dict.fromkeys`, `SomeFunction.apply`, `obj.method` of a C type: bound to an object (not a module), so
-    every attribute read makes a new one; equality compares the object by identity and the C function."""
-    return isinstance(value, types.BuiltinMethodType) and not isinstance(getattr(value, "__self__", None),
-                                                                          (types.ModuleType, type(None)))
+_DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter,
+               types.MappingProxyType)  # (a class's __dict__: read-only, see python_builtins._dict_method)
+
+
+def _stable_key(k):
+    """A dict key a guard can compare by value, or by identity (classes, enum members, typing forms,
+    objects without their own __eq__)."""
+    if type(k) in (str, int, bytes, float, bool, type(None)) or isinstance(k, (type, enum.Enum)):
+        return True
+    if type(k) in (tuple, torch.Size):
+        return all(_stable_key(i) for i in k)
+    return type(k).__module__ == "typing" or type(k).__eq__ is object.__eq__ and not isinstance(k, torch.Tensor)
 
 
 def _is_numpy_scalar(value):

@@ -5,15 +5,19 @@ Python semantics of calls, attributes and iteration live in `objects.py`; this f
 instruction loop and the stack discipline. What differs between CPython versions (where a call's
 NULL sits, what FOR_ITER skips, ...) is asked of `bytecode_facts`, never of `sys.version_info` here.
 """
+import builtins
 import dis
 import inspect
+import linecache
 import operator
 import sysconfig
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
+from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
+                                    ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
                                     ListVariable,
                                     NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
@@ -50,16 +54,12 @@ MAX_STEPS = 2_000_000
 
 
 class _Instructions:
-    """A code object's instructions, with offset -> index; cached per code object."""
-    _cache = {}
+    """A code object's instructions, with offset -> index; cached per code object, while it lives."""
+    _cache = IdentityTable()
 
     @classmethod
     def of(cls, code):
-        found = cls._cache.get(code)
-        if found is None:
-            found = instructions(code)
-            cls._cache[code] = found
-        return found
+        return cls._cache.setdefault(code, lambda: instructions(code))
 
 
 _LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
@@ -85,7 +85,8 @@ def instructions(code):
     return insts, index_of
 
 
-_EXCEPTION_TABLES = {}
+_EXCEPTION_TABLES = IdentityTable()  # code -> its parsed exception table
+ON_RETURN = []  # hooks (frame, returned Variable) run as a frame that made generators returns (generator_models)
 
 
 class _Yielded:
@@ -122,6 +123,9 @@ class Frame:
         self.kw_names = None
         self.depth = 0 if parent is None else parent.depth + 1
         self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
+        self.thrown, self.returned = None, None  # a generator frame: exception to raise on resuming; return value
+        self.made_generators = []  # generators this frame made by calling generator functions
+        self.exc_info = None  # the exception an except block of this frame is handling (bare `raise`, __context__)
         self.current = None
         if self.depth > MAX_INLINE_DEPTH:
             raise Unsupported("inlining depth limit reached (recursion?)")
@@ -159,6 +163,10 @@ class Frame:
         """Run to RETURN_VALUE and return the returned Variable; a generator frame also stops at each
         yield, returning a _Yielded."""
         capture = self.capture
+        if self.thrown is not None:  # gen.throw()/close(): the exception comes out of the paused yield
+            exc, self.thrown = self.thrown, None
+            if not self._handle_exception(self.insts[self.ip - 1], exc):
+                raise Unsupported(f"{type(exc).__name__} thrown into a generator", python_exception=exc)
         while True:
             inst = self.insts[self.ip]
             self.current = inst
@@ -181,7 +189,9 @@ class Frame:
                 if e.where is None or (not getattr(e, "where_is_user", False) and is_user_file(self.code.co_filename)):
                     e.where = self.where(inst)
                     e.where_is_user = is_user_file(self.code.co_filename)
-                    e.args = (f"{e.msg} (at {e.where})",)
+                    line = linecache.getline(self.code.co_filename, inst.positions.lineno).strip() \
+                        if inst.positions and inst.positions.lineno else ""
+                    e.args = (f"{e.msg} (at {e.where}" + (f": {line})" if line else ")"),)
                 if self.parent is None:
                     capture.request_break(self, inst, e)
                 raise
@@ -206,14 +216,12 @@ class Frame:
         return False
 
     def _exception_table(self):
-        table = _EXCEPTION_TABLES.get(self.code)
-        if table is None:
-            table = _EXCEPTION_TABLES[self.code] = facts.exception_table(self.code)
-        return table
+        return _EXCEPTION_TABLES.setdefault(self.code, lambda: facts.exception_table(self.code))
 
     def PUSH_EXC_INFO(self, inst):
         exc = self.pop()
-        self.push(const(None))
+        self.push(self.exc_info or const(None))  # the exception handled before, restored by POP_EXCEPT
+        self.exc_info = exc
         self.push(exc)
 
     def CHECK_EXC_MATCH(self, inst):
@@ -222,7 +230,8 @@ class Frame:
         self.push(const(isinstance(exc.value, objects.const_value(cls))))
 
     def POP_EXCEPT(self, inst):
-        self.pop()
+        prior = self.pop()
+        self.exc_info = None if isinstance(prior, ConstantVariable) and prior.value is None else prior
 
     def RERAISE(self, inst):
         value = getattr(self.pop(), "value", None)
@@ -267,22 +276,48 @@ class Frame:
         self.push(const(None))  # what the yield expression gives when next() resumes the frame
         return (_Yielded(value),)
 
-    def resume_generator(self):
-        """Run this generator frame to its next yield: the yielded Variable, or None once it returns."""
+    def resume_generator(self, sent=None, thrown=None):
+        """Run this generator frame to its next yield: the yielded Variable, or None once it returns
+        (its return value is then in self.returned). `sent` replaces the None the paused yield gives;
+        `thrown` is raised at the paused yield instead."""
+        if sent is not None:
+            self.stack[-1] = sent
+        self.thrown = thrown
         out = self.run()
-        return out.value if isinstance(out, _Yielded) else None
+        if isinstance(out, _Yielded):
+            return out.value
+        self.returned = out
+        return None
+
+    def yield_from_target(self):
+        """The sub-iterator a paused `yield from` delegates to, or None (paused at a plain yield)."""
+        if self.ip >= 2 and self.insts[self.ip - 1].opname == "YIELD_VALUE" and self.insts[self.ip - 2].opname == "SEND":
+            return self.stack[-2]
+        return None
+
+    def finish_yield_from(self, value):
+        """Leave the paused `yield from` with `value` as its result (its sub-generator has returned)."""
+        del self.stack[-2:]
+        self.push(value)
+        self.jump(self.insts[self.ip - 2])
 
     def GET_YIELD_FROM_ITER(self, inst):
         self.push(objects.get_iter(self, self.pop()))
 
     def SEND(self, inst):
-        self.pop()  # the value sent in: always None for an inlined `yield from`
-        item = objects.iter_next(self, self.stack[-1]) if isinstance(self.stack[-1], BaseIterator) else None
+        sent, it = self.pop(), self.stack[-1]
+        if isinstance(it, GeneratorVariable):
+            item = it.next(None if sent.is_constant() and sent.value is None else sent)
+        elif not (sent.is_constant() and sent.value is None):
+            raise Unsupported(f"send() into {type(it).__name__} through `yield from`")
+        else:
+            item = objects.iter_next(self, it) if isinstance(it, BaseIterator) else None
         if item is None:
+            returned = it.return_value if isinstance(it, GeneratorVariable) else const(None)
             if facts.SEND_KEEPS_RECEIVER:
-                self.push(const(None))  # the sub-iterator's return value; END_SEND drops the receiver
+                self.push(returned)  # the sub-iterator's return value; END_SEND drops the receiver
             else:
-                self.stack[-1] = const(None)
+                self.stack[-1] = returned
             self.jump(inst)
         else:
             self.push(item)
@@ -291,7 +326,11 @@ class Frame:
         del self.stack[-2]  # 3.12+: the receiver below the sub-iterator's return value
 
     def RETURN_VALUE(self, inst):
-        return (self.pop(),)
+        value = self.pop()
+        if self.made_generators:
+            for hook in ON_RETURN:
+                hook(self, value)
+        return (value,)
 
     def RETURN_CONST(self, inst):
         return (objects.wrap_const(self.og, inst.argval),)
@@ -408,6 +447,8 @@ class Frame:
     def STORE_DEREF(self, inst):
         cell, value = self.cells[inst.argval], self.pop()
         if isinstance(cell, CellVariable):
+            if cell.frozen:
+                raise Unsupported(f"{inst.argval!r} changes after a class made in the frame closed over it")
             cell.contents = value
         else:
             self.og.side_effects.store_cell(cell.cell, cell.source, value)
@@ -426,14 +467,14 @@ class Frame:
         """3.12+ `super().name` / `super(C, self).name`: the stack holds super, the class and self."""
         global_super, cls, obj = self.popn(3)
         value = objects.getattr_var(self, objects.call(self, global_super, [cls, obj], {}), inst.argval)
-        self.stack.extend(facts.with_null(value, NULL) if inst.arg & 1 else [value])
+        self.stack.extend(facts.with_null(value, NULL) if facts.loads_method(inst) else [value])
 
     def STORE_ATTR(self, inst):
         obj, value = self.pop(), self.pop()
         objects.setattr_var(self, obj, inst.argval, value)
 
     def DELETE_ATTR(self, inst):
-        raise Unsupported("del of an attribute")
+        objects.delattr_var(self, self.pop(), inst.argval)
 
     def BINARY_SUBSCR(self, inst):
         key = self.pop()
@@ -446,7 +487,7 @@ class Frame:
 
     def DELETE_SUBSCR(self, inst):
         key, obj = self.pop(), self.pop()
-        objects.call_method(self, obj, "__delitem__", [key], {})
+        objects.delitem(self, obj, key)
 
     def BUILD_SLICE(self, inst):
         self.push(self.make_slice(self.popn(inst.arg)))
@@ -634,10 +675,11 @@ class Frame:
         code = self.pop().value
         flags = inst.arg or 0  # 3.13: no flags; SET_FUNCTION_ATTRIBUTE sets each attribute instead
         closure = self.pop().items if flags & 0x08 else None
-        self.pop() if flags & 0x04 else None  # annotations
+        annotations = objects.annotations_dict(self.pop()) if flags & 0x04 else None
         kwdefaults = self.pop() if flags & 0x02 else None
         defaults = self.pop() if flags & 0x01 else None
-        self.push(FunctionVariable(code, self.f_globals, code.co_qualname, defaults, kwdefaults, closure))
+        self.push(FunctionVariable(code, self.f_globals, code.co_qualname, defaults, kwdefaults, closure,
+                                   annotations))
 
     def SET_FUNCTION_ATTRIBUTE(self, inst):
         fn, value = self.pop(), self.pop()
@@ -647,7 +689,8 @@ class Frame:
             fn.kwdefaults = value
         elif inst.arg == 0x01:
             fn.defaults = value
-        # 0x04: annotations, which capture does not keep (as MAKE_FUNCTION above)
+        elif inst.arg == 0x04:  # a flat tuple name, value, ... (as MAKE_FUNCTION's)
+            fn.slots["__annotations__"] = objects.annotations_dict(value)
         self.push(fn)
 
     # ---- control flow ---------------------------------------------------------------------------
@@ -769,18 +812,40 @@ class Frame:
     def IMPORT_FROM(self, inst):
         self.push(objects.getattr_var(self, self.stack[-1], inst.argval))
 
+    def LOAD_BUILD_CLASS(self, inst):
+        self.push(ObjectVariable(builtins.__build_class__))
+
     def LOAD_ASSERTION_ERROR(self, inst):
         self.push(ObjectVariable(AssertionError))
 
     def RAISE_VARARGS(self, inst):
-        if inst.arg == 1:
-            exc = self.pop()
-            value = getattr(exc, "value", None)
-            if isinstance(value, type) and issubclass(value, BaseException):
-                value = value()
-            if isinstance(value, BaseException):
-                raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
-        raise Unsupported("raise statement reached during capture")
+        handled = getattr(self.exc_info, "value", None)
+        if inst.arg == 0:  # bare `raise`: the exception being handled
+            if isinstance(handled, BaseException):
+                raise Unsupported(f"{type(handled).__name__} re-raised: {handled}", python_exception=handled)
+            raise Unsupported("bare raise outside an except block capture follows")
+        cause = self.pop() if inst.arg == 2 else None
+        value = _exception_instance(self.pop())
+        if inst.arg == 2:
+            cause_value = None if isinstance(cause, ConstantVariable) and cause.value is None else \
+                _exception_instance(cause)
+            if cause_value is None and not (isinstance(cause, ConstantVariable) and cause.value is None):
+                raise Unsupported("raise ... from something that is not an exception capture knows")
+            if value is not None:
+                value.__cause__ = cause_value  # also sets __suppress_context__, as `raise from` does
+        if value is None:
+            raise Unsupported("raise statement reached during capture")
+        if isinstance(handled, BaseException) and handled is not value:
+            value.__context__ = handled
+        raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
+
+
+def _exception_instance(v):
+    """The real exception a raise statement raises: an instance, or a class instantiated; else None."""
+    value = getattr(v, "value", None)
+    if isinstance(value, type) and issubclass(value, BaseException):
+        value = value()
+    return value if isinstance(value, BaseException) else None
 
 
 _CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
@@ -867,7 +932,9 @@ def inline_call(parent, fn_code, f_globals, args, kwargs, defaults, kwdefaults, 
         cells[cname] = cell
     frame = Frame(parent.capture, fn_code, f_globals, bound, cells, parent=parent)
     if frame.is_generator:
-        return GeneratorVariable(frame)  # runs as it is consumed
+        gen = GeneratorVariable(frame)  # runs as it is consumed
+        parent.made_generators.append(gen)
+        return gen
     return frame.run()
 
 

@@ -21,16 +21,64 @@ from kiln.capture.sources import AttrSource, CellSource, ConstSource, GlobalSour
 from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
-                                    MapIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
+                                    MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
-                                    TensorVariable, TupleVariable, const, is_constant)
+                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
+                                    TensorKey, TensorVariable, TupleVariable, const, is_constant)
 from kiln.exc import Unsupported
 
 _STATEFUL_WORDS = ("seed", "set_", "rng", "manual", "deterministic", "synchronize", "empty_cache", "save",
                    "load", "print", "register", "backward", "_log_api_usage")
 _MODULE_MOD = torch.nn.modules.module
+
+
+class TypeModel:
+    """How capture handles the existing instances of one library type whose behaviour is C code
+    (os.environ, a bound builtin method): calls, attribute reads, method calls, and the protocols
+    (`[k]`, `in`, `len`, iteration) as calls of their dunder methods. Modules that model a type register
+    it in TYPE_MODELS, so this module never imports them."""
+
+    def call(self, frame, var, args, kwargs):
+        raise Unsupported(f"call to {describe(var)} (not Python code kiln can follow)")
+
+    def attribute(self, frame, var, name):
+        return _object_attr(frame, var, name)
+
+    def call_method(self, frame, var, name, args, kwargs):
+        raise Unsupported(f"method {name} of {describe(var)} is not modelled")
+
+    def set_attribute(self, frame, var, name, value):
+        raise Unsupported(f"setting attribute {name!r} on {describe(var)}")
+
+    protocols = False  # (VARIABLE_MODELS) whether `[k]`, `in`, `len`, iteration and operators come here
+
+    def truth(self, frame, var):
+        if hasattr(var.python_type(), "__len__"):
+            return truth(frame, self.call_method(frame, var, "__len__", [], {}))
+        return True
+
+    def operator(self, frame, op, args):
+        """`op(*args)` where an operand is of this model's kind; None: not handled here."""
+        return None
+
+
+TYPE_MODELS = {}  # type of an existing object -> TypeModel
+VARIABLE_MODELS = {}  # a Variable class modelled in its own module (function_objects.py) -> TypeModel
+MODULE_MODELS = {}  # top-level library module whose callables capture models as a whole ("numpy") -> TypeModel
+TENSOR_METHODS = {}  # Tensor method modelled in another module ("numpy") -> handler(frame, t, args, kwargs)
+SUBCLASS_CONSTRUCTORS = {}  # builtin base (list) -> handler(frame, cls, args, kwargs) for its subclasses, or None
+CONSTRUCTORS = {}  # library class whose construction another module models -> handler(frame, args, kwargs);
+# a metaclass (EnumMeta) -> handler(frame, cls, args, kwargs) for every class made with it
+
+
+def model_of(v):
+    """The TypeModel of an existing object's type, or of a Variable kind whose model takes the
+    protocols (`[k]`, `in`, `len`, iteration, operators) itself; else None."""
+    if isinstance(v, ObjectVariable):
+        return TYPE_MODELS.get(type(v.value))
+    model = VARIABLE_MODELS.get(type(v))
+    return model if model is not None and model.protocols else None
 
 
 def describe(v):
@@ -62,6 +110,8 @@ def const_value(v, why="a non-constant value"):
         vals = [const_value(i, why) for i in v.items]
         return v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
     if isinstance(v, DictVariable):
+        if any(isinstance(k, TensorKey) for k in v.items):
+            raise Unsupported(f"{why}: a dict with tensor keys")
         return {k: const_value(i, why) for k, i in v.items.items()}
     if isinstance(v, SetVariable):
         return {const_value(i, why) for i in v.items}
@@ -86,9 +136,22 @@ def specialize(v):
 
 
 def dict_key(k):
+    """The key a DictVariable stores for the key Variable `k` (see key_var)."""
+    if isinstance(k, TensorVariable):
+        return TensorKey(k)
+    if isinstance(k, ObjectVariable) and type(k.value).__hash__ is object.__hash__:
+        return k.value  # hashed by identity (a module, a plain object): its contents do not matter
     value = const_value(k, "dict key")
-    hash(value)
+    try:
+        hash(value)
+    except TypeError as e:
+        raise Unsupported(f"unhashable dict key: {e}", python_exception=e) from e
     return value
+
+
+def key_var(key):
+    """The Variable of a key a DictVariable stores."""
+    return key.var if isinstance(key, TensorKey) else const(key)
 
 
 def set_key(v):
@@ -123,6 +186,12 @@ def set_update(frame, target, v):
     target.keys.update(real)
     for k in real:
         target.vars.setdefault(k, by_key[k])
+
+
+def annotations_dict(v):
+    """MAKE_FUNCTION's annotations (a flat tuple name, value, name, value, ...) as a DictVariable."""
+    items = v.items if isinstance(v, TupleVariable) else [const(x) for x in const_value(v)]
+    return DictVariable({const_value(k): val for k, val in zip(items[::2], items[1::2])})
 
 
 def make_tuple(items):
@@ -185,7 +254,7 @@ def truth(frame, v):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)")
     if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         return bool(v.items)
-    if isinstance(v, (FunctionVariable, MethodVariable, BaseIterator, CellVariable)):
+    if isinstance(v, (FunctionVariable, MethodVariable, BaseIterator, CellVariable, PartialVariable)):
         return True
     if isinstance(v, DictViewVariable):
         return bool(v.dict.items)
@@ -193,6 +262,8 @@ def truth(frame, v):
         if _python_dunder(v.cls, "__bool__") or _python_dunder(v.cls, "__len__"):
             raise Unsupported("truth of an object with a Python __bool__/__len__")
         return True
+    if (model := model_of(v)) is not None:
+        return model.truth(frame, v)
     if isinstance(v, ObjectVariable):
         value = v.value
         if isinstance(value, torch.nn.Module):
@@ -242,7 +313,17 @@ def user_dunder(v, name):
     return False
 
 
+def delitem(frame, obj, key):
+    own = own_dunder(obj, "__delitem__")
+    if own is not None:
+        call(frame, own, [key], {})
+    else:
+        call_method(frame, obj, "__delitem__", [key], {})
+
+
 def contains(frame, container, item):
+    if (own := own_dunder(container, "__contains__")) is not None:
+        return truth(frame, call(frame, own, [item], {}))
     if isinstance(container, TensorVariable) or isinstance(item, TensorVariable) and \
             not isinstance(container, (ListVariable, TupleVariable, SetVariable)):  # a set: by identity
         raise Unsupported("`in` on a tensor's data")
@@ -258,6 +339,8 @@ def contains(frame, container, item):
         if len(pair) != 2 or dict_key(pair[0]) not in d:  # an items view looks the key up, then the value
             return False
         return contains(frame, TupleVariable([d[dict_key(pair[0])]]), pair[1])
+    if (model := model_of(container)) is not None:
+        return truth(frame, model.call_method(frame, container, "__contains__", [item], {}))
     if isinstance(container, SetVariable):
         return set_key(item) in container.keys
     if isinstance(container, (ListVariable, TupleVariable)):
@@ -282,6 +365,14 @@ def contains(frame, container, item):
 # ---- operators ----------------------------------------------------------------------------------
 def apply_operator(frame, op, args):
     og = frame.og
+    for a in args:
+        if (model := model_of(a)) is not None and (result := model.operator(frame, op, args)) is not None:
+            return result
+    if len(args) == 2 and (name := _DUNDERS.get(op)) and op is not operator.getitem and \
+            (own := own_dunder(args[0], name)) is not None:  # a list/tuple subclass's own operator
+        result = call(frame, own, args[1:], {})
+        if not _not_implemented(result):
+            return result
     if op is operator.not_:
         return const(not truth(frame, args[0]))
     if op is operator.truth:
@@ -330,10 +421,14 @@ def apply_operator(frame, op, args):
         if op in (operator.add, operator.iadd) and isinstance(a, (TupleVariable, ConstantVariable)) and \
                 isinstance(b, (TupleVariable, ConstantVariable)) and _is_tuple(a) and _is_tuple(b):
             return _tuple_like([a, b], unpack_iterable(frame, a) + unpack_iterable(frame, b))
+        if op is operator.mul and isinstance(b, (ListVariable, TupleVariable)) and isinstance(a, ConstantVariable):
+            a, b = b, a  # n * seq is seq * n
         if op in (operator.mul, operator.imul) and isinstance(a, (ListVariable, TupleVariable)) and \
                 isinstance(b, ConstantVariable) and type(b.value) is int:
             items = a.items * b.value
             return ListVariable(items) if isinstance(a, ListVariable) else _tuple_like([a], items)
+        if op in (operator.or_, operator.ior) and isinstance(a, DictVariable) and isinstance(b, DictVariable):
+            return call_method(frame, a, "__ior__" if op is operator.ior else "__or__", [b], {})
         if op in (operator.eq, operator.ne) and (_python_eq(a) or _python_eq(b)):
             return _user_equality(frame, op, a, b)
         if op in (operator.eq, operator.ne):
@@ -344,7 +439,7 @@ def apply_operator(frame, op, args):
             if type(a) is not type(b) and not (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
                 return const(op is operator.ne)
             if isinstance(a, (ListVariable, TupleVariable)) and isinstance(b, (ListVariable, TupleVariable)):
-                return const(op(const_value(a), const_value(b)))
+                return const(_sequences_equal(frame, a, b) == (op is operator.eq))
             if a is b or (isinstance(a, (FreshObjectVariable, FunctionVariable)) or
                           isinstance(b, (FreshObjectVariable, FunctionVariable))):
                 return const((a is b) == (op is operator.eq))
@@ -359,6 +454,17 @@ def apply_operator(frame, op, args):
             except Exception as e:
                 raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
+
+
+def _sequences_equal(frame, a, b):
+    """list/tuple ==, as CPython compares them: same kind and length, then item by item, an item
+    identical to its partner counting as equal without calling its __eq__."""
+    if isinstance(a, ListVariable) != isinstance(b, ListVariable) or len(a.items) != len(b.items):
+        return False
+    for x, y in zip(a.items, b.items):
+        if not is_same(x, y) and not truth(frame, apply_operator(frame, operator.eq, [x, y])):
+            return False
+    return True
 
 
 def _python_eq(v):
@@ -451,9 +557,11 @@ def getitem(frame, obj, key, builtin=False):
     """`obj[key]`; `builtin`: the base class's own item lookup (tuple.__getitem__ called from a
     subclass's __getitem__), never the subclass's."""
     og = frame.og
+    if not builtin and (own := own_dunder(obj, "__getitem__")) is not None:
+        return call(frame, own, [key], {})
     if isinstance(obj, TensorVariable):
         return og.call_op("call_function", operator.getitem, [obj, key], {})
-    if isinstance(key, TensorVariable):
+    if isinstance(key, TensorVariable) and not isinstance(obj, DictVariable):  # a dict: keyed by identity
         raise Unsupported("indexing a Python container with a tensor")
     if isinstance(obj, (ListVariable, TupleVariable)) and not builtin and user_dunder(obj, "__getitem__"):
         return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
@@ -476,8 +584,12 @@ def getitem(frame, obj, key, builtin=False):
                 obj.items[k] = call(frame, factory, [], {})
                 frame.og.side_effects.mark_mutated(obj)
                 return obj.items[k]
+            if _python_dunder(obj.cls, "__missing__"):  # Counter, a dict subclass's own default
+                return call(frame, getattr_var(frame, obj, "__missing__"), [key], {})
             raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         return obj.items[k]
+    if (model := model_of(obj)) is not None:
+        return model.call_method(frame, obj, "__getitem__", [key], {})
     if isinstance(obj, ConstantVariable):
         try:
             return result_var(og, obj.value[const_value(key, "index")])
@@ -501,9 +613,16 @@ def getitem(frame, obj, key, builtin=False):
         if isinstance(mod, (torch.nn.ParameterList, torch.nn.ParameterDict)):
             k = str(k) if isinstance(mod, torch.nn.ParameterList) else k
             return og.wrap(mod._parameters[k], ItemSource(AttrSource(obj.source, "_parameters"), k))
+    if isinstance(obj, ObjectVariable) and _is_typing_form(obj.value):  # List[int], Optional[T]: pure
+        return fold_natively(og, operator.getitem, [obj, key], {})
     if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and user_dunder(obj, "__getitem__"):
         return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
     raise Unsupported(f"indexing {describe(obj)}")
+
+
+def _is_typing_form(value):
+    return type(value).__module__ in ("typing", "typing_extensions", "types") or \
+        isinstance(value, type) and hasattr(value, "__class_getitem__") and value.__module__ in ("builtins", "collections.abc", "typing")
 
 
 def _child(og, mod_var, name):
@@ -513,6 +632,9 @@ def _child(og, mod_var, name):
 
 def setitem(frame, obj, key, value):
     og = frame.og
+    if (own := own_dunder(obj, "__setitem__")) is not None:
+        call(frame, own, [key, value], {})
+        return
     if isinstance(obj, TensorVariable):
         og.call_op("call_function", operator.setitem, [obj, key, value], {})
         return
@@ -530,16 +652,21 @@ def setitem(frame, obj, key, value):
             obj.fields[dict_key(key)] = value
         og.side_effects.mark_mutated(obj)
         return
+    if (model := model_of(obj)) is not None:
+        model.call_method(frame, obj, "__setitem__", [key, value], {})
+        return
     raise Unsupported(f"item assignment on {describe(obj)}")
 
 
 # ---- iteration ----------------------------------------------------------------------------------
 def unpack_iterable(frame, v):
     """All the items of iterable `v`, consuming it if it is an iterator."""
+    if (own := own_dunder(v, "__iter__")) is not None:
+        return unpack_iterable(frame, call(frame, own, [], {}))
     if isinstance(v, (ListVariable, TupleVariable, SetVariable)):
         return list(v.items)
     if isinstance(v, DictVariable):
-        return [const(k) for k in v.items]
+        return [key_var(k) for k in v.items]
     if isinstance(v, DictViewVariable):
         return view_items(v)
     if isinstance(v, BaseIterator):
@@ -564,12 +691,18 @@ def unpack_iterable(frame, v):
         if isinstance(mod, torch.nn.ParameterList):
             frame.og.guards.keys_match(AttrSource(v.source, "_parameters"), mod._parameters)
             return [og_param(frame.og, v, k) for k in mod._parameters]
+    if (model := model_of(v)) is not None:
+        return unpack_iterable(frame, model.call_method(frame, v, "__iter__", [], {}))
     if isinstance(v, ObjectVariable) and not v.opaque and isinstance(v.value, (types.MappingProxyType, type({}.keys()),
                                                                                 type({}.values()), type({}.items()))):
         return [result_var(frame.og, x) for x in v.value]  # views of objects known by value
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
         it = call(frame, special_method(frame, v, "__iter__"), [], {})
+        if isinstance(it, (ObjectVariable, FreshObjectVariable)) and _python_dunder(it.python_type(), "__next__"):
+            return _drain(frame, it)  # an iterator object of the user's (often `return self`)
         return unpack_iterable(frame, it)
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__next__"):
+        return _drain(frame, v)
     raise Unsupported(f"iterating over {describe(v)}")
 
 
@@ -577,10 +710,26 @@ def view_items(view):
     """The items a dict view yields now."""
     d = view.dict.items
     if view.kind == "keys":
-        return [const(k) for k in d]
+        return [key_var(k) for k in d]
     if view.kind == "values":
         return list(d.values())
-    return [make_tuple([const(k), v]) for k, v in d.items()]
+    return [make_tuple([key_var(k), v]) for k, v in d.items()]
+
+
+_MAX_ITEMS = 100_000
+
+
+def _drain(frame, it):
+    """The items a Python-level iterator gives: __next__ until it raises StopIteration."""
+    items, next_method = [], getattr_var(frame, it, "__next__")
+    while len(items) < _MAX_ITEMS:
+        try:
+            items.append(call(frame, next_method, [], {}))
+        except Unsupported as e:
+            if isinstance(e.python_exception, StopIteration):
+                return items
+            raise
+    raise Unsupported("an iterator gave too many items during capture")
 
 
 def get_iter(frame, v):
@@ -598,7 +747,10 @@ def get_iter(frame, v):
     if isinstance(v, ObjectVariable) and isinstance(v.value, _MODULE_CONTAINERS):  # their children, guarded
         return IteratorVariable(unpack_iterable(frame, v), cls=type(iter({}.values())))
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
-        return get_iter(frame, call(frame, special_method(frame, v, "__iter__"), [], {}))
+        it = call(frame, special_method(frame, v, "__iter__"), [], {})
+        if isinstance(it, (ObjectVariable, FreshObjectVariable)) and _python_dunder(it.python_type(), "__next__"):
+            return ObjectIterator(it)  # stepped by its own __next__, lazily (`return self` included)
+        return get_iter(frame, it)
     kind = _SET_ITERATOR if isinstance(v, SetVariable) or \
         isinstance(v, ConstantVariable) and isinstance(v.value, frozenset) else type(iter([]))
     return IteratorVariable(unpack_iterable(frame, v), cls=kind)
@@ -626,6 +778,8 @@ def iter_next(frame, it):
     does (map's call, a generator's body, filter's test) happens now, as in CPython."""
     if isinstance(it, (IteratorVariable, GeneratorVariable)):
         return it.next()
+    if isinstance(it, ObjectIterator):
+        return _object_next(frame, it)
     if isinstance(it, SequenceIterator):
         return _sequence_next(it)
     if isinstance(it, DictIterator):
@@ -670,6 +824,18 @@ def _sequence_next(it):
     return None
 
 
+def _object_next(frame, it):
+    if it.done:
+        return None
+    try:
+        return call(frame, special_method(frame, it.obj, "__next__"), [], {})
+    except Unsupported as e:
+        if isinstance(e.python_exception, StopIteration):
+            it.done = True
+            return None
+        raise
+
+
 def _dict_next(it):
     d = it.dict.items
     if len(d) != it.size:
@@ -681,8 +847,8 @@ def _dict_next(it):
     key = list(d)[it.pos]
     it.pos += 1
     if it.kind == "keys":
-        return const(key)
-    return d[key] if it.kind == "values" else make_tuple([const(key), d[key]])
+        return key_var(key)
+    return d[key] if it.kind == "values" else make_tuple([key_var(key), d[key]])
 
 
 def _zip_next(frame, it):
@@ -716,18 +882,19 @@ def og_param(og, mod_var, name):
 
 
 def dict_items(frame, v):
+    """The items of a mapping unpacked by ** (key -> Variable)."""
     if isinstance(v, DictVariable):
         return dict(v.items)
     if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
         return {k: const(x) for k, x in v.value.items()}
-    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and hasattr(v.python_type(), "keys"):
-        # a mapping, taken as CPython takes one (dict(m), **m): its keys(), then m[key] for each
-        keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
-        return {dict_key(k): getitem(frame, v, k) for k in keys}
+    if is_mapping_object(v):
+        return mapping_items(frame, v)
     raise Unsupported(f"** over {describe(v)}")
 
 
 # ---- attributes ---------------------------------------------------------------------------------
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type()), not built in
+_BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes, collections.OrderedDict, collections.defaultdict)
 _TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 # what collections.namedtuple itself puts in a class (a NamedTuple's own methods are the others)
 _NAMEDTUPLE_MACHINERY = set(collections.namedtuple("_Probe", "field").__dict__) - {"field"}
@@ -747,7 +914,9 @@ def getattr_var(frame, obj, name):
         try:
             return result_var(og, getattr(obj.value, name))
         except AttributeError as e:
-            raise Unsupported(f"AttributeError: {e}") from e
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
+    if (model := VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.attribute(frame, obj, name)
     if isinstance(obj, DataDictVariable):
         if name in obj.fields:
             return obj.fields[name]
@@ -762,6 +931,10 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         if name in ("__class__",):
             return og.wrap(obj.python_type(), None, guard=False)
+        if name == "default_factory" and hasattr(obj, "default_factory"):
+            return obj.default_factory
+        if name in obj.attrs:
+            return obj.attrs[name]
         cls = obj.python_type()
         if cls not in (list, tuple, dict, set) and not (hasattr(cls, "_fields") and name in _NAMEDTUPLE_MACHINERY):
             defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
@@ -769,29 +942,85 @@ def getattr_var(frame, obj, name):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
         return MethodVariable(name, obj)
     if isinstance(obj, FreshObjectVariable):
-        if isinstance(inspect.getattr_static(obj.cls, name, None), property):
-            return _class_attr(frame, obj, obj.cls, name)
-        if name in obj.attrs:
-            return obj.attrs[name]
-        if name == "__class__":
-            return og.wrap(obj.cls, None, guard=False)
-        return _class_attr(frame, obj, obj.cls, name)
+        hook = inspect.getattr_static(obj.cls, "__getattribute__", None)
+        if isinstance(hook, types.FunctionType):  # the class's own __getattribute__ (it may call super's)
+            return call(frame, MethodVariable(hook, obj), [const(name)], {})
+        return fresh_attr(frame, obj, name)
     if isinstance(obj, SuperVariable):
         return _super_attr(frame, obj, name)
     if isinstance(obj, (BaseIterator, DictViewVariable)) and name in ("__iter__", "__next__", "__reversed__"):
         return MethodVariable(name, obj)
-    if isinstance(obj, FunctionVariable):
-        if name in ("__name__", "__qualname__"):
-            return const(obj.name)
-        raise Unsupported(f"attribute {name} of a nested function")
     if isinstance(obj, ObjectVariable):
         stored = og.side_effects.load_attr(obj.value, name)
+        if stored is og.side_effects.DELETED:
+            raise Unsupported(f"AttributeError: {name} was deleted", python_exception=AttributeError(name))
         if stored is not None:
             return stored
+        if (model := model_of(obj)) is not None:
+            return model.attribute(frame, obj, name)
         return _object_attr(frame, obj, name)
     if isinstance(obj, GradModeVariable) and name in ("__enter__", "__exit__"):
         raise Unsupported("explicit __enter__/__exit__ calls")
     raise Unsupported(f"attribute {name!r} of {describe(obj)}")
+
+
+def fresh_attr(frame, obj, name):
+    """object.__getattribute__ on an object made in the frame: a data descriptor (property), its
+    __dict__, then its class."""
+    raw = inspect.getattr_static(obj.cls, name, None)
+    if isinstance(raw, property) or name == "__dict__":
+        if name == "__dict__":
+            d = DictVariable({})
+            d.items = obj.attrs  # the same dict: writes through __dict__ are attribute writes
+            return d
+        return _class_attr(frame, obj, obj.cls, name)
+    if name in obj.attrs:
+        return obj.attrs[name]
+    if name == "__class__":
+        return frame.og.wrap(obj.cls, None, guard=False)
+    return _class_attr(frame, obj, obj.cls, name)
+
+
+def store_fresh_attr(frame, obj, name, value):
+    """object.__setattr__ on an object made in the frame: a property's setter, else its __dict__."""
+    raw = inspect.getattr_static(obj.cls, name, None)
+    if isinstance(raw, property):
+        if raw.fset is None:
+            raise Unsupported(f"property {name} has no setter", python_exception=AttributeError(name))
+        call(frame, MethodVariable(raw.fset, obj), [value], {})
+        return
+    obj.attrs[name] = value
+
+
+def delattr_var(frame, obj, name):
+    """`del obj.name`: the class's own __delattr__, else the attribute leaves the object's __dict__
+    (an existing object's deletion is replayed after the graph)."""
+    hook = inspect.getattr_static(obj.python_type(), "__delattr__", None) \
+        if isinstance(obj, (FreshObjectVariable, ObjectVariable)) else None
+    if isinstance(hook, types.FunctionType):
+        call(frame, MethodVariable(hook, obj), [const(name)], {})
+        return
+    if isinstance(obj, FreshObjectVariable):
+        if name not in obj.attrs:
+            raise Unsupported(f"AttributeError: {name}", python_exception=AttributeError(name))
+        del obj.attrs[name]
+        return
+    if (model := VARIABLE_MODELS.get(type(obj))) is not None and name in getattr(getattr(obj, "attrs", None), "items", ()):
+        del obj.attrs.items[name]  # a function's or partial's __dict__ entry
+        return
+    if isinstance(obj, ObjectVariable) and obj.source is not None and isinstance(getattr(obj.value, "__dict__", None), dict) \
+            and not isinstance(obj.value, (type, types.ModuleType, torch.nn.Module)):
+        se = frame.og.side_effects
+        pending = se.load_attr(obj.value, name)
+        if name in obj.value.__dict__ and pending is not se.DELETED:
+            frame.og.guards.add(obj.source, f"{name!r} in v.__dict__", f"{obj.source!r}.{name} is set")
+            se.store_attr(obj, name, se.DELETED)
+        elif pending is not None and pending is not se.DELETED:
+            se.forget_attr(obj.value, name)  # set and deleted within the frame: nothing to replay
+        else:
+            raise Unsupported(f"AttributeError: {name}", python_exception=AttributeError(name))
+        return
+    raise Unsupported(f"del of attribute {name!r} of {describe(obj)}")
 
 
 def _tensor_attr(og, t, name):
@@ -811,7 +1040,7 @@ def _tensor_attr(og, t, name):
     try:
         attr = getattr(t.fake, name)
     except AttributeError as e:
-        raise Unsupported(f"AttributeError: {e}") from e
+        raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
     if callable(attr):
         return MethodVariable(name, t)
     if name == "shape" and any(isinstance(d, torch.SymInt) for d in attr):
@@ -851,13 +1080,13 @@ def _object_attr(frame, obj, name, plain=False):
         if isinstance(hook, types.FunctionType):
             return call(frame, MethodVariable(hook, obj), [const(name)], {})
     if isinstance(value, types.ModuleType):
-        stored = og.side_effects.load_global(GlobalSource(value.__dict__, name, False))
-        if stored is not None:  # set earlier in this frame (`global counter; counter += 1` in its function)
+        stored = og.side_effects.load_module_global(value.__dict__, name)
+        if stored is not None:  # a global of that module the frame (or a callee) has set
             return stored
         try:
             attr = getattr(value, name)
         except AttributeError as e:
-            raise Unsupported(f"AttributeError: {e}") from e
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
         # functions and classes of library modules (torch.sin) are fixed: no guard per function used;
         # their flags (torch.backends.cudnn.enabled) are settings a program may change between calls
         flag = type(attr) in (bool, int, float, str)
@@ -869,12 +1098,17 @@ def _object_attr(frame, obj, name, plain=False):
         try:
             raw = inspect.getattr_static(value, name)
         except AttributeError as e:
-            raise Unsupported(f"AttributeError: {e}") from e
+            meta_hook = inspect.getattr_static(type(value), "__getattr__", None)
+            if isinstance(meta_hook, types.FunctionType):  # a metaclass's own __getattr__
+                return call(frame, MethodVariable(meta_hook, obj), [const(name)], {})
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
         if isinstance(raw, classmethod):
             return MethodVariable(raw.__func__, obj)
         if isinstance(raw, staticmethod):
             return og.wrap(raw.__func__, None, guard=False)
         attr = getattr(value, name)
+        if not value.__flags__ & _HEAP_TYPE:  # a builtin (static) type's attributes cannot change
+            return og.wrap(attr, None, guard=False)
         # a class attribute can be reassigned between calls: reload and guard it through the class
         return og.wrap(attr, AttrSource(source if source else ConstSource(value), name))
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or callable(value) \
@@ -952,7 +1186,8 @@ def _class_attr(frame, obj, cls, name):
         getattr_hook = inspect.getattr_static(cls, "__getattr__", None)
         if isinstance(getattr_hook, types.FunctionType):
             return call(frame, MethodVariable(getattr_hook, obj), [const(name)], {})
-        raise Unsupported(f"AttributeError: {cls.__qualname__} has no attribute {name!r}") from None
+        raise Unsupported(f"AttributeError: {cls.__qualname__} has no attribute {name!r}",
+                          python_exception=AttributeError(name)) from None
     if isinstance(raw, types.FunctionType):
         return MethodVariable(raw, obj)
     if isinstance(raw, staticmethod):
@@ -965,6 +1200,9 @@ def _class_attr(frame, obj, cls, name):
         return call(frame, MethodVariable(raw.fget, obj), [], {})
     if isinstance(raw, functools.cached_property):
         raise Unsupported("functools.cached_property")
+    if isinstance(raw, (types.MethodDescriptorType, types.WrapperDescriptorType)) and \
+            raw.__objclass__ in _BUILTIN_CONTAINERS:
+        return MethodVariable(raw, obj)  # a method of dict/list/...: modelled (library_models), not a new object each read
     if isinstance(obj, ObjectVariable) and obj.source is not None:
         try:
             value = getattr(obj.value, name)
@@ -975,6 +1213,8 @@ def _class_attr(frame, obj, cls, name):
             return MethodVariable(value.__func__, obj)
         return og.wrap(value, AttrSource(obj.source, name))
     if hasattr(type(raw), "__get__") and not isinstance(raw, (types.BuiltinFunctionType,)):
+        if type(raw) in TYPE_MODELS and not hasattr(type(raw), "__set__"):
+            return MethodVariable(raw, obj)  # a modelled callable that binds like a function (an lru_cache'd method)
         if isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
             return MethodVariable(raw, obj)
         if isinstance(raw, (types.MemberDescriptorType, types.GetSetDescriptorType)) and isinstance(obj, ObjectVariable):
@@ -1014,16 +1254,20 @@ def setattr_var(frame, obj, name, value):
             raise Unsupported(f"setting Tensor.{name} during capture")
         og.side_effects.store_attr(obj, name, value)
         return
+    if (model := VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.set_attribute(frame, obj, name, value)
+    if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)) and \
+            obj.python_type() not in _BUILTIN_CONTAINER_TYPES and hasattr(obj.python_type(), "__dict__") and \
+            "__slots__" not in vars(obj.python_type()):
+        obj.attrs[name] = value  # an instance of a list/tuple/dict subclass has a __dict__
+        og.side_effects.mark_mutated(obj)  # one from outside gets it written back
+        return None
     if isinstance(obj, FreshObjectVariable):
-        if _python_dunder(obj.cls, "__setattr__"):
-            raise Unsupported("a class with its own __setattr__")
-        raw = inspect.getattr_static(obj.cls, name, None)
-        if isinstance(raw, property):
-            if raw.fset is None:
-                raise Unsupported(f"property {name} has no setter", python_exception=AttributeError(name))
-            call(frame, MethodVariable(raw.fset, obj), [value], {})
-            return
-        obj.attrs[name] = value
+        hook = inspect.getattr_static(obj.cls, "__setattr__", None)
+        if isinstance(hook, types.FunctionType):  # the class's own __setattr__ (it may call super's)
+            call(frame, MethodVariable(hook, obj), [const(name), value], {})
+        else:
+            store_fresh_attr(frame, obj, name, value)
         return
     if isinstance(obj, ObjectVariable) and type(obj.value) is types.ModuleType:  # `module.name = v`: its global
         og.side_effects.store_global(GlobalSource(obj.value.__dict__, name, False), value)
@@ -1061,6 +1305,11 @@ def call(frame, fn, args, kwargs):
         return const(None)
     if isinstance(fn, (ObjectVariable, ConstantVariable)):
         return _call_value(frame, fn, args, kwargs)
+    if (model := VARIABLE_MODELS.get(type(fn))) is not None:
+        return model.call(frame, fn, args, kwargs)
+    if isinstance(fn, FreshObjectVariable) and \
+            isinstance(call_attr := inspect.getattr_static(fn.cls, "__call__", None), types.FunctionType):
+        return call_python_function(frame, call_attr, [fn] + list(args), kwargs)  # an instance made in the frame
     raise Unsupported(f"calling {describe(fn)}")
 
 
@@ -1075,7 +1324,9 @@ def _call_method_var(frame, m, args, kwargs):
             return const(None)
         if fn is object.__getattribute__ and isinstance(obj, ObjectVariable) and len(args) == 1:
             return _object_attr(frame, obj, const_value(args[0], "attribute name"), plain=True)
-        view = _readonly_dict_view(frame, obj, fn)
+        if fn in _OBJECT_SLOTS and isinstance(obj, FreshObjectVariable):
+            return _OBJECT_SLOTS[fn](frame, obj, const_value(args[0], "attribute name"), *args[1:])
+        view = readonly_dict_view(frame, obj, fn)
         if view is not None:
             return call_method(frame, view, fn.__name__, args, kwargs)
         if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)):
@@ -1086,10 +1337,24 @@ def _call_method_var(frame, m, args, kwargs):
     return call_python_function(frame, fn, [obj] + list(args), kwargs)
 
 
+def _store_and_return_none(frame, obj, name, value):
+    store_fresh_attr(frame, obj, name, value)
+    return const(None)
+
+
+def _delete_and_return_none(frame, obj, name):
+    delattr_var(frame, obj, name)
+    return const(None)
+
+
+# object's own attribute slots, called through super() from a class that overrides them
+_OBJECT_SLOTS = {object.__getattribute__: fresh_attr, object.__setattr__: _store_and_return_none,
+                 object.__delattr__: _delete_and_return_none}
+
 _READONLY_DICT_METHODS = {"get", "keys", "values", "items", "__contains__", "__len__", "__getitem__", "copy"}
 
 
-def _readonly_dict_view(frame, obj, fn):
+def readonly_dict_view(frame, obj, fn):
     """dict's own read-only methods on an existing dict subclass instance (a registry, a ModelOutput):
     a DictVariable over its current items, guarded on its keys."""
     if not (isinstance(obj, ObjectVariable) and isinstance(obj.value, dict) and obj.source is not None
@@ -1107,6 +1372,8 @@ def _tensor_method(frame, t, name, args, kwargs):
         # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
         # at capture time, so a Python branch on it still breaks)
         return frame.og.call_op("call_method", "item", [t], {})
+    if name in TENSOR_METHODS:
+        return TENSOR_METHODS[name](frame, t, args, kwargs)
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":
@@ -1131,7 +1398,7 @@ def call_python_function(frame, fn, args, kwargs):
     if fn is _MODULE_GETATTR and len(args) == 2 and isinstance(args[0], ObjectVariable) and not kwargs:
         return module_store_attr(frame, args[0], const_value(args[1], "attribute name"))
     if _is_torch_op(fn) and not _passes_python_callable(args, kwargs):
-        return _call_torch(frame, fn, args, kwargs)
+        return call_torch(frame, fn, args, kwargs)
     return _inline_function(frame, fn, args, kwargs)
 
 
@@ -1180,14 +1447,21 @@ def _is_torch_op(fn):
 # torch's own compiler package.
 _COMPILING_QUERIES = {("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
                       ("torch._dynamo.external_utils", "is_compiling"), ("torch._utils", "is_compiling")}
+# TorchScript's hooks, as seen from code that is not being scripted or traced
+_SCRIPTING_ANSWERS = {("torch._jit_internal", "is_scripting"): lambda args, kwargs: const(False),
+                      ("torch.jit._trace", "is_tracing"): lambda args, kwargs: const(False),
+                      ("torch.jit", "annotate"): lambda args, kwargs: (list(args) + list(kwargs.values()))[1]}
 
 
-def _call_torch(frame, fn, args, kwargs):
+def call_torch(frame, fn, args, kwargs):
     og = frame.og
     if fn is torch.is_grad_enabled:
         return const(og.grad_enabled)
-    if (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) in _COMPILING_QUERIES:
+    name_key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+    if name_key in _COMPILING_QUERIES:
         return const(True)
+    if name_key in _SCRIPTING_ANSWERS:
+        return _SCRIPTING_ANSWERS[name_key](args, kwargs)
     name = getattr(fn, "__name__", "")
     has_tensor = any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs))
     if not has_tensor and any(w in name.lower() for w in _STATEFUL_WORDS):
@@ -1252,6 +1526,9 @@ def _call_value(frame, fn_var, args, kwargs):
             return call_module(frame, og.wrap(fn, AttrSource(fn_var.source, "__kiln_orig__")
                                               if fn_var.source else None), args, kwargs)
     if isinstance(fn, torch.nn.Module):
+        own_call = inspect.getattr_static(type(fn), "__call__")
+        if own_call is not torch.nn.Module.__call__ and isinstance(own_call, types.FunctionType):
+            return call_python_function(frame, own_call, [fn_var] + list(args), kwargs)  # a subclass's __call__
         return call_module(frame, fn_var, args, kwargs)
     if isinstance(fn, types.MethodType):
         self_var = og.wrap(fn.__self__, AttrSource(fn_var.source, "__self__") if fn_var.source else None)
@@ -1267,6 +1544,9 @@ def _call_value(frame, fn_var, args, kwargs):
         if handler is not None:  # and takes the class first, as a Python classmethod's handler does
             cls_var = og.wrap(fn.__self__, AttrSource(fn_var.source, "__self__") if fn_var.source else None)
             return handler(frame, [cls_var] + list(args), kwargs)
+    module = getattr(fn, "__module__", None)
+    if isinstance(module, str) and (model := MODULE_MODELS.get(module.partition(".")[0])) is not None:
+        return model.call(frame, fn_var, args, kwargs)
     if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args and \
             getattr(fn, "__objclass__", None) in (list, tuple, dict, set) and \
             isinstance(args[0], (ListVariable, TupleVariable, DictVariable, SetVariable)):
@@ -1279,10 +1559,17 @@ def _call_value(frame, fn_var, args, kwargs):
     if isinstance(fn, types.FunctionType):
         return call_python_function(frame, fn, args, kwargs)
     if _is_torch_op(fn):
-        return _call_torch(frame, fn, args, kwargs)
+        return call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
         return _construct(frame, fn_var, fn, args, kwargs)
-    if isinstance(fn, operator.itemgetter):  # (instances, whose __module__ is their class's)
+    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") and \
+            isinstance(fn, (types.BuiltinFunctionType, types.FunctionType)):
+        if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
+            if getattr(fn, "__module__", None) in ("operator", "_operator"):
+                return apply_operator(frame, fn, list(args))
+            raise Unsupported(f"{fn.__name__} on a tensor needs its data in Python")
+        return fold_natively(og, fn, args, kwargs)
+    if isinstance(fn, operator.itemgetter):
         items = [getitem(frame, args[0], const(k)) for k in fn.__reduce__()[1]]
         return items[0] if len(items) == 1 else make_tuple(items)
     if isinstance(fn, operator.attrgetter):
@@ -1293,13 +1580,6 @@ def _call_value(frame, fn_var, args, kwargs):
                 v = getattr_var(frame, v, part)
             items.append(v)
         return items[0] if len(items) == 1 else make_tuple(items)
-    if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") or \
-            (isinstance(fn, types.BuiltinFunctionType) and isinstance(getattr(fn, "__self__", None), (str, int, float, tuple, bytes))):
-        if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
-            if getattr(fn, "__module__", None) in ("operator", "_operator"):
-                return apply_operator(frame, fn, list(args))
-            raise Unsupported(f"{fn.__name__} on a tensor needs its data in Python")
-        return fold_natively(og, fn, args, kwargs)
     if isinstance(fn, functools.partial):
         src = fn_var.source
         pre = [og.wrap(a, ItemSource(AttrSource(src, "args"), i) if src else None)
@@ -1312,6 +1592,8 @@ def _call_value(frame, fn_var, args, kwargs):
     call_attr = inspect.getattr_static(type(fn), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         return call_python_function(frame, call_attr, [fn_var] + list(args), kwargs)
+    if (model := TYPE_MODELS.get(type(fn))) is not None:
+        return model.call(frame, fn_var, args, kwargs)
     raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)")
 
 
@@ -1340,15 +1622,15 @@ def fold_natively(og, fn, args, kwargs):
 
 def _construct(frame, cls_var, cls, args, kwargs):
     og = frame.og
-    if cls in (torch.no_grad, torch.enable_grad):
-        return GradModeVariable(cls is torch.enable_grad, cls)
+    if (make := CONSTRUCTORS.get(cls) or CONSTRUCTORS.get(type(cls))) is not None:  # the class, or its metaclass
+        return make(frame, args, kwargs) if cls in CONSTRUCTORS else make(frame, cls, args, kwargs)
     if cls is torch.set_grad_enabled:
         return _set_grad_enabled(frame, args, kwargs)
     if issubclass(cls, torch.amp.autocast_mode.autocast):
         mode = fold_natively(og, cls, args, kwargs).value  # validates the arguments as torch does
         return AutocastVariable((mode.device, mode.fast_dtype, mode._enabled, mode._cache_enabled), cls)
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported(f"creating module {cls.__qualname__} inside compiled code")
+        return _construct_module(frame, cls, args, kwargs)
     if issubclass(cls, BaseException):
         return fold_natively(og, cls, args, kwargs)
     if cls in (operator.itemgetter, operator.attrgetter, functools.partial):
@@ -1357,6 +1639,11 @@ def _construct(frame, cls_var, cls, args, kwargs):
         if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or cls.__module__ == "builtins":
             return fold_natively(og, cls, args, kwargs)
         raise Unsupported(f"constructing {cls.__qualname__}")
+    for base in cls.__mro__[1:]:  # a subclass of list/tuple/dict (container_subclasses)
+        if (make := SUBCLASS_CONSTRUCTORS.get(base)) is not None:
+            if (made := make(frame, cls, args, kwargs)) is not None:
+                return made
+            break
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         values = dict(zip(cls._fields, args))
         values.update(kwargs)
@@ -1367,17 +1654,11 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return TupleVariable([values[f] for f in cls._fields], cls=cls)
     if _is_model_output(cls):
         return _model_output(frame, cls, args, kwargs)
-    if _plain_container_subclass(cls, list):
-        return ListVariable(unpack_iterable(frame, args[0]) if args else [], cls=cls)
-    if _plain_container_subclass(cls, dict):
-        d = build_dict(frame, args, kwargs)
-        d.cls = cls
-        return d
     if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
         raise Unsupported(f"constructing {cls.__qualname__}")
     og.guards.class_unchanged(cls)  # its __init__, __new__ and methods as they are now
-    if cls.__new__ is not object.__new__ or _python_dunder(cls, "__setattr__"):
-        raise Unsupported(f"constructing {cls.__qualname__} (custom __new__/__setattr__)")
+    if cls.__new__ is not object.__new__:
+        raise Unsupported(f"constructing {cls.__qualname__} (custom __new__)")
     obj = FreshObjectVariable(cls)
     init = inspect.getattr_static(cls, "__init__", None)
     if isinstance(init, types.FunctionType):
@@ -1387,15 +1668,39 @@ def _construct(frame, cls_var, cls, args, kwargs):
     return obj
 
 
-def _plain_container_subclass(cls, base):
-    """A subclass of list/dict that only adds methods: construction and storage are the base's."""
-    if not issubclass(cls, base) or cls is base:
-        return False
-    for name in ("__new__", "__init__", "__setitem__", "__getitem__", "__delitem__", "__iter__", "__len__",
-                 "__contains__", "__setattr__", "__getattribute__"):
-        if _python_dunder(cls, name):
-            return False
-    return True
+def _construct_module(frame, cls, args, kwargs):
+    """`nn.ReLU()`, `nn.Softmax(dim=-1)`, `nn.Dropout(p)` in the frame: a module without parameters or
+    buffers, made natively once from arguments known exactly and reused by every call (it holds no
+    state a call could change). One that has parameters, or draws random numbers to make them, would
+    differ on every eager call: that breaks the graph."""
+    values = [const_value(a, "an argument of a module made in the frame") for a in args]
+    kw = {k: const_value(v, "an argument of a module made in the frame") for k, v in kwargs.items()}
+    rng = torch.random.get_rng_state()
+    try:
+        module = cls(*values, **kw)
+    except Exception as e:
+        raise Unsupported(f"creating module {cls.__qualname__} raised {type(e).__name__}: {e}",
+                          python_exception=e) from e
+    if next(module.parameters(), None) is not None or next(module.buffers(), None) is not None or \
+            not torch.equal(rng, torch.random.get_rng_state()):
+        torch.random.set_rng_state(rng)
+        raise Unsupported(f"creating module {cls.__qualname__} (with parameters or buffers) inside compiled code")
+    return frame.og.wrap(module, ConstSource(module))
+
+
+_BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)
+
+
+def own_dunder(v, name):
+    """A container Variable of a subclass whose class defines `name` in Python (Counter.__missing__, a
+    list subclass's __getitem__): that method, bound to `v`; else None."""
+    if not isinstance(v, (ListVariable, DictVariable, SetVariable, TupleVariable)) or isinstance(v, DataDictVariable):
+        return None  # (a ModelOutput is modelled as a whole)
+    cls = v.python_type()
+    if cls in _BUILTIN_CONTAINER_TYPES or not issubclass(cls, (list, dict, set, tuple)) or \
+            not _python_dunder(cls, name):
+        return None
+    return MethodVariable(inspect.getattr_static(cls, name), v)
 
 
 def _is_model_output(cls):
@@ -1429,17 +1734,24 @@ def _set_grad_enabled(frame, args, kwargs):
     return GradModeVariable(mode, torch.set_grad_enabled, prior)
 
 
+def _initialize_lazy_module(og, mod, args, kwargs):
+    """A lazy module (nn.LazyLinear) makes its parameters from the shapes of its first inputs, as eager
+    does on the first call: natively, from the fake inputs' shapes, before capture reads the module
+    (which then has real parameters, and is guarded as any other)."""
+    fake_args, fake_kwargs = to_fake((list(args), dict(kwargs)))
+    try:
+        mod._infer_parameters(mod, tuple(fake_args), fake_kwargs)
+    except Exception as e:
+        raise Unsupported(f"initializing lazy module {type(mod).__qualname__} raised {type(e).__name__}: {e}") from e
+
+
 def call_module(frame, mod_var, args, kwargs):
     """`module(*args)`: forward pre-hooks, forward, forward hooks — guarded on the hook dicts."""
     og, mod = frame.og, mod_var.value
     if mod_var.source is None:
         raise Unsupported("calling a module with no known origin")
-    if isinstance(mod, torch.nn.modules.lazy.LazyModuleMixin) and mod.has_uninitialized_params():
-        # a lazy module's first call sizes its parameters from the inputs (its pre-hook, which then
-        # removes itself and may change the module's class): done now, for real, from the fake
-        # inputs' shapes, as eager's first call would; the graph sees the initialized module
-        fake_args, fake_kwargs = to_fake((list(args), kwargs))
-        mod._infer_parameters(mod, tuple(fake_args), fake_kwargs)
+    if isinstance(mod, torch.nn.modules.lazy.LazyModuleMixin) and hasattr(mod, "_initialize_hook"):
+        _initialize_lazy_module(og, mod, args, kwargs)
     og.guards.class_unchanged(type(mod))
     call_fn = inspect.getattr_static(type(mod), "__call__", None)
     if call_fn is not _MODULE_CALL:  # the class's own __call__ (`return 5 * self.forward(x)`) runs
@@ -1460,11 +1772,14 @@ def call_module(frame, mod_var, args, kwargs):
     if mod._backward_hooks or mod._backward_pre_hooks:
         raise Unsupported("module backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks
-    if not (pre or post):  # the common case: one guard (forward's own lookup guards the instance __dict__)
+    # the instance may override forward (mod.forward = ...): getattr_var reads and guards it then
+    own_forward = f"'forward' {'in' if 'forward' in mod.__dict__ else 'not in'} v.__dict__"
+    if not (pre or post):  # the common case: one guard
         og.guards.add(mod_var.source, "not (v._forward_hooks or v._forward_pre_hooks or v._backward_hooks or "
-                                      "v._backward_pre_hooks)", f"{mod_var.source!r} has no hooks")
+                                      f"v._backward_pre_hooks) and {own_forward}",
+                      f"{mod_var.source!r} has no hooks and the same forward")
     else:
-        og.guards.add(mod_var.source, "not (v._backward_hooks or v._backward_pre_hooks)",
+        og.guards.add(mod_var.source, f"not (v._backward_hooks or v._backward_pre_hooks) and {own_forward}",
                       f"{mod_var.source!r} has no backward hooks")
         for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
@@ -1499,4 +1814,18 @@ def call_module(frame, mod_var, args, kwargs):
 
 
 # container methods and builtins live in python_builtins (they call back into this module)
-from kiln.capture.python_builtins import BUILTIN_HANDLERS, build_dict, builtin_len, call_method  # noqa: E402
+from kiln.capture.python_builtins import (BUILTIN_HANDLERS, builtin_len, call_method, is_mapping_object,  # noqa: E402
+                                          mapping_items)
+
+
+def _object_slot_call(slot):
+    """object.__setattr__(obj, name, value) and its siblings called directly (a frozen dataclass's
+    __init__ does so) on an object made in the frame."""
+    def handler(frame, args, kwargs):
+        if not args or not isinstance(args[0], FreshObjectVariable):
+            raise Unsupported(f"{slot.__qualname__} on {describe(args[0]) if args else 'nothing'}")
+        return _OBJECT_SLOTS[slot](frame, args[0], const_value(args[1], "attribute name"), *args[2:])
+    return handler
+
+
+BUILTIN_HANDLERS.update({slot: _object_slot_call(slot) for slot in _OBJECT_SLOTS})

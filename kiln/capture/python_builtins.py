@@ -6,15 +6,19 @@ import inspect
 import itertools
 import math
 import operator
+import types
 
 import torch
 
-from kiln.capture.objects import (apply_operator, call, const_value, describe, dict_items, dict_key, fold_natively,
-                                  get_iter, get_reversed, getattr_var, iter_next, special_method, getitem, is_same, make_tuple, new_set, python_dunder, set_add, set_key, set_update,
-                                  setattr_var, setitem, truth, unpack_iterable)
+from kiln.capture.objects import (VARIABLE_MODELS, apply_operator, call, const_value, delattr_var, describe,
+                                  dict_items, dict_key, fold_natively, get_iter, get_reversed, getattr_var, getitem,
+                                  is_same, iter_next, key_var, make_tuple, model_of, new_set, own_dunder, python_dunder,
+                                  set_add, set_key, set_update, setattr_var, setitem, special_method, truth,
+                                  unpack_iterable)
 from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
-                                    EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable, FunctionVariable,
-                                    GeneratorVariable, HandlerVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable,
+                                    EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable,
+                                    FunctionVariable, GeneratorVariable, HandlerVariable, IteratorVariable,
+                                    ListVariable, MethodVariable, ObjectVariable, PartialVariable,
                                     SetVariable,
                                     SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
@@ -25,27 +29,16 @@ def call_method(frame, obj, name, args, kwargs):
     og = frame.og
     if isinstance(obj, HandlerVariable):
         return obj.call_method(frame, name, args, kwargs)
+    if (model := model_of(obj) or VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.call_method(frame, obj, name, args, kwargs)
     if name in _ITERATION_METHODS and not args and not kwargs:  # `range(5).__iter__()`, `it.__next__()`
         return _ITERATION_METHODS[name](frame, obj)
     if isinstance(obj, ListVariable):
-        return _list_method(frame, obj, name, args, kwargs)
+        return call_list_method(frame, obj, name, args, kwargs)
     if isinstance(obj, DictVariable):
         return _dict_method(frame, obj, name, args, kwargs)
-    if isinstance(obj, SetVariable) and name in ("add", "update", "discard", "remove", "clear"):
-        if name == "add":
-            set_add(obj, [args[0]])
-        elif name == "update":
-            for a in args:
-                set_update(frame, obj, a)
-        elif name == "clear":
-            obj.clear()
-        else:
-            key = set_key(args[0])
-            if name == "remove" and key not in obj.keys:
-                raise Unsupported(f"KeyError {key!r}", python_exception=KeyError(key))
-            obj.discard(key)
-        og.side_effects.mark_mutated(obj)
-        return const(None)
+    if isinstance(obj, SetVariable):
+        return _set_method(frame, obj, name, args, kwargs)
     if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
         fields = dict(zip(obj.cls._fields, obj.items))
         if name == "_asdict":
@@ -56,9 +49,8 @@ def call_method(frame, obj, name, args, kwargs):
         return TupleVariable(list(fields.values()), cls=obj.cls)
     if isinstance(obj, TupleVariable) and obj.cls is torch.Size and name == "numel":
         return _b_prod(frame, [obj], {})  # symbolic sizes stay symbolic
-    if isinstance(obj, (TupleVariable, SetVariable)):
-        if name in ("index", "count", "__len__", "__contains__", "__getitem__", "issubset", "union",
-                    "intersection", "difference"):
+    if isinstance(obj, TupleVariable):
+        if name in ("index", "count", "__len__", "__contains__", "__getitem__"):
             if name == "__getitem__":
                 return getitem(frame, obj, args[0], builtin=True)
             return fold_natively(og, getattr(const_value(obj), name), args, kwargs)
@@ -79,10 +71,84 @@ def _dunder_next(frame, it):
 _ITERATION_METHODS = {"__iter__": get_iter, "__reversed__": get_reversed, "__next__": _dunder_next}
 
 
-def _list_method(frame, lst, name, args, kwargs):
+_SET_MUTATORS = {"pop", "difference_update", "intersection_update", "symmetric_difference_update"}
+
+
+def _set_method(frame, s, name, args, kwargs):
+    """A set method: add/update/discard/remove/clear item by item; any other runs natively on the real
+    key sets (set_key), so its result and iteration order are CPython's own."""
+    og = frame.og
+    if name == "__init__":  # set.__init__ refills the set; a frozenset's is object's (no change)
+        if s.cls is set:
+            s.clear()
+            for a in args:
+                set_update(frame, s, a)
+            og.side_effects.mark_mutated(s)
+        return const(None)
+    if name in ("add", "update", "discard", "remove", "clear"):
+        if s.cls is frozenset:
+            raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}",
+                              python_exception=AttributeError(name))
+        if name == "add":
+            set_add(s, [args[0]])
+        elif name == "update":
+            for a in args:
+                set_update(frame, s, a)
+        elif name == "clear":
+            s.clear()
+        else:
+            key = set_key(args[0])
+            if name == "remove" and key not in s.keys:
+                raise Unsupported(f"KeyError {key!r}", python_exception=KeyError(key))
+            s.discard(key)
+        og.side_effects.mark_mutated(s)
+        return const(None)
+    method = getattr(set, name, None)
+    if method is None or kwargs or name in ("__iter__", "__reversed__", "__init__", "__new__"):
+        raise Unsupported(f"set.{name}")
+    if s.cls is frozenset and name in _SET_MUTATORS:
+        raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}", python_exception=AttributeError(name))
+    by_key = dict(s.vars)
+    native_args = [_set_keys(frame, a, by_key) if name != "__contains__" else set_key(a) for a in args]
+    try:
+        result = method(s.keys, *native_args)
+    except KeyError as e:
+        raise Unsupported(f"set.{name} raised KeyError", python_exception=e) from e
+    if name in _SET_MUTATORS:
+        s.vars = {k: by_key[k] for k in s.keys}
+        og.side_effects.mark_mutated(s)
+        return by_key[result] if name == "pop" else const(None)
+    if isinstance(result, (set, frozenset)):
+        out = SetVariable([(k, by_key[k]) for k in result], keys=set(result))
+        out.cls = s.cls  # frozenset's operations make frozensets
+        return out
+    return const(result)
+
+
+def _set_keys(frame, v, by_key):
+    """A set operation's argument as real keys; records the Variable of each new key in `by_key`."""
+    if isinstance(v, SetVariable):
+        for k, var in v.vars.items():
+            by_key.setdefault(k, var)
+        return v.keys
+    if isinstance(v, ConstantVariable) and isinstance(v.value, (set, frozenset)):
+        for k in v.value:
+            by_key.setdefault(k, const(k))
+        return v.value  # the set itself: CPython merges a set's table, which can order the result differently
+    items = unpack_iterable(frame, v)
+    keys = []
+    for item in items:
+        k = set_key(item)
+        by_key.setdefault(k, item)
+        keys.append(k)
+    return keys
+
+
+def call_list_method(frame, lst, name, args, kwargs):
+    """The builtin list method `name` on a ListVariable (of list or a subclass)."""
     og = frame.og
     mutating = name in ("append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort", "__setitem__",
-                        "__delitem__")
+                        "__delitem__", "__init__")
     if name == "append":
         lst.items.append(args[0])
         result = const(None)
@@ -109,6 +175,9 @@ def _list_method(frame, lst, name, args, kwargs):
         result = const(None)
     elif name == "copy":
         return ListVariable(lst.items)
+    elif name == "__init__":  # list.__init__ on an existing list refills it
+        lst.items[:] = unpack_iterable(frame, args[0]) if args else []
+        result = const(None)
     elif name in ("index", "count", "__len__", "__contains__"):
         return fold_natively(og, getattr(const_value(lst), name), args, kwargs)
     elif name == "__getitem__":
@@ -155,14 +224,22 @@ def _dict_method(frame, d, name, args, kwargs):
         if k in d.items:
             return d.items[k]
         if name == "__getitem__":
-            raise Unsupported(f"KeyError {k!r}")
+            raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         return args[1] if len(args) > 1 else const(None)
     if name == "__contains__":
         return const(dict_key(args[0]) in d.items)
     if name == "__len__":
         return const(len(d.items))
     if name == "copy":
-        return DictVariable(d.items, cls=d.cls)
+        copied = DictVariable(d.items, cls=d.cls)
+        if hasattr(d, "default_factory"):
+            copied.default_factory = d.default_factory
+        return copied
+    if name == "__or__":
+        merged = _dict_method(frame, d, "copy", [], {}) if d.cls in (dict, collections.OrderedDict,
+                                                                      collections.defaultdict) else DictVariable(d.items)
+        merged.items.update(mapping_items(frame, args[0]))
+        return merged
     if name == "move_to_end" and d.cls is collections.OrderedDict:
         k = dict_key(args[0])
         last = const_value(args[1]) if len(args) > 1 else const_value(kwargs.get("last", const(True)))
@@ -170,41 +247,80 @@ def _dict_method(frame, d, name, args, kwargs):
         d.items = {k: value, **d.items} if not last else {**d.items, k: value}
         og.side_effects.mark_mutated(d)
         return const(None)
-    if name in ("__setitem__", "update", "pop", "setdefault", "clear", "__delitem__", "popitem"):
+    if name in ("__setitem__", "update", "__init__", "__ior__", "pop", "setdefault", "clear", "__delitem__",
+                "popitem"):
+        if d.cls is types.MappingProxyType:
+            raise Unsupported(f"mappingproxy does not support {name}", python_exception=TypeError(name))
         og.side_effects.mark_mutated(d)
-        if name == "__setitem__":
-            d.items[dict_key(args[0])] = args[1]
-            return const(None)
-        if name == "update":
-            for a in args:
-                d.items.update(dict_items(frame, a))
-            d.items.update(kwargs)
-            return const(None)
-        if name == "pop":
-            k = dict_key(args[0])
-            if k in d.items:
-                return d.items.pop(k)
-            if len(args) > 1:
-                return args[1]
-            raise Unsupported(f"KeyError {k!r}")
-        if name == "setdefault":
-            k = dict_key(args[0])
-            if k not in d.items:
-                d.items[k] = args[1] if len(args) > 1 else const(None)
-            return d.items[k]
-        if name == "clear":
-            d.items.clear()
-            return const(None)
-        if name == "__delitem__":
-            k = dict_key(args[0])
-            if k not in d.items:
-                raise Unsupported(f"KeyError {k!r}")
-            del d.items[k]
-            return const(None)
+        return _dict_mutation(frame, d, name, args, kwargs)
     raise Unsupported(f"dict.{name}")
 
 
+def _dict_mutation(frame, d, name, args, kwargs):
+    if name == "__setitem__":
+        d.items[dict_key(args[0])] = args[1]
+        return const(None)
+    if name in ("update", "__init__", "__ior__"):  # dict.__init__ on an existing dict updates it
+        for a in args:
+            d.items.update(mapping_items(frame, a))
+        d.items.update(kwargs)
+        return d if name == "__ior__" else const(None)
+    if name == "pop":
+        k = dict_key(args[0])
+        if k in d.items:
+            return d.items.pop(k)
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
+    if name == "setdefault":
+        k = dict_key(args[0])
+        if k not in d.items:
+            d.items[k] = args[1] if len(args) > 1 else const(None)
+        return d.items[k]
+    if name == "clear":
+        d.items.clear()
+        return const(None)
+    if name == "popitem":
+        if not d.items:
+            raise Unsupported("popitem(): dictionary is empty", python_exception=KeyError("popitem(): dictionary is empty"))
+        last = const_value(args[0] if args else kwargs.get("last", const(True)), "popitem(last=)")
+        k = next(reversed(d.items)) if last else next(iter(d.items))
+        return make_tuple([key_var(k), d.items.pop(k)])
+    k = dict_key(args[0])  # __delitem__
+    if k not in d.items:
+        raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
+    del d.items[k]
+    return const(None)
+
+
+def is_mapping_object(v):
+    """An object (not a dict capture tracks) with the mapping protocol: keys() and [k]."""
+    return isinstance(v, (ObjectVariable, FreshObjectVariable)) and hasattr(v.python_type(), "keys") and \
+        hasattr(v.python_type(), "__getitem__")
+
+
+def mapping_items(frame, v):
+    """The (key -> Variable) items of what dict(v) / d.update(v) accepts: a dict, a mapping object with
+    keys() and [k], or an iterable of key/value pairs."""
+    if isinstance(v, DictVariable):
+        return dict(v.items)
+    if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
+        return dict_items(frame, v)
+    if is_mapping_object(v):
+        keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
+        return {dict_key(k): getitem(frame, v, k) for k in keys}
+    items = {}
+    for pair in unpack_iterable(frame, v):
+        k, value = unpack_iterable(frame, pair)
+        items[dict_key(k)] = value
+    return items
+
+
 # ---- builtins -----------------------------------------------------------------------------------
+_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
+                      torch.nn.ParameterDict)
+
+
 def builtin_len(frame, args, kwargs):
     v = args[0]
     if isinstance(v, TensorVariable):
@@ -218,8 +334,12 @@ def builtin_len(frame, args, kwargs):
     if isinstance(v, BaseIterator):
         msg = f"object of type '{v.python_type().__name__}' has no len()"
         raise Unsupported(msg, python_exception=TypeError(msg))
-    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not isinstance(getattr(v, "value", None), torch.nn.Module) \
-            and python_dunder(v.python_type(), "__len__"):
+    if (model := model_of(v)) is not None:
+        return model.call_method(frame, v, "__len__", [], {})
+    if (own := own_dunder(v, "__len__")) is not None:
+        return call(frame, own, [], {})
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and python_dunder(v.python_type(), "__len__") and \
+            not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS):  # (those: their children, guarded)
         return call(frame, special_method(frame, v, "__len__"), [], {})
     return const(len(unpack_iterable(frame, v)))
 
@@ -254,13 +374,24 @@ def _b_hasattr(frame, args, kwargs):
         getattr_var(frame, args[0], name)
         return const(True)
     except Unsupported as e:
-        if "AttributeError" in str(e) or "has no attribute" in str(e):
+        if isinstance(e.python_exception, AttributeError) or "AttributeError" in str(e) or "has no attribute" in str(e):
             return const(False)
         raise
 
 
 def _b_setattr(frame, args, kwargs):
     setattr_var(frame, args[0], const_value(args[1]), args[2])
+    return const(None)
+
+
+def _b_vars(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("vars() of the calling frame")
+    return getattr_var(frame, args[0], "__dict__")
+
+
+def _b_delattr(frame, args, kwargs):
+    delattr_var(frame, args[0], const_value(args[1], "delattr name"))
     return const(None)
 
 
@@ -290,29 +421,18 @@ def _b_next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, BaseIterator):
         raise Unsupported(f"next() on {describe(it)}")
+    if isinstance(it, GeneratorVariable) and len(args) == 1:
+        return call_method(frame, it, "__next__", [], {})  # its StopIteration carries the return value
     item = iter_next(frame, it)
     if item is None:
         if len(args) > 1:
             return args[1]
-        raise Unsupported("StopIteration")
+        raise Unsupported("StopIteration", python_exception=StopIteration())
     return item
 
 
 def build_dict(frame, args, kwargs):
-    items = {}
-    if args:
-        src = args[0]
-        if isinstance(src, DictVariable):
-            items.update(src.items)
-        elif isinstance(src, (ObjectVariable, FreshObjectVariable)) and hasattr(src.python_type(), "keys"):
-            items.update(dict_items(frame, src))  # a mapping
-        else:
-            for pair in unpack_iterable(frame, src):
-                kv = unpack_iterable(frame, pair)
-                if len(kv) != 2:
-                    msg = f"dictionary update sequence element has length {len(kv)}; 2 is required"
-                    raise Unsupported(msg, python_exception=ValueError(msg))
-                items[dict_key(kv[0])] = kv[1]
+    items = mapping_items(frame, args[0]) if args else {}
     items.update(kwargs)
     return DictVariable(items)
 
@@ -335,6 +455,53 @@ def _b_set(frame, args, kwargs):
     if args:
         set_update(frame, out, args[0])
     return out
+
+
+def _b_frozenset(frame, args, kwargs):
+    """frozenset(iterable): a constant when its items are, else a SetVariable that cannot change."""
+    try:
+        return fold_natively(frame.og, frozenset, args, kwargs)
+    except Unsupported:
+        out = _b_set(frame, args, kwargs)
+        out.cls = frozenset
+        return out
+
+
+def _text_of(fn, dunder):
+    """str() / repr(): a class's own Python __str__ / __repr__ runs; constants fold natively."""
+    def handler(frame, args, kwargs):
+        v = args[0] if args else None
+        if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not kwargs and len(args) == 1:
+            cls = v.python_type()
+            for name in (dunder, "__repr__"):
+                if python_dunder(cls, name):
+                    return call(frame, getattr_var(frame, v, name), [], {})
+        return fold_natively(frame.og, fn, args, kwargs)
+    return handler
+
+
+def _extremum(fn):
+    """min()/max() over tensors, as torch.compile traces them: torch.minimum/maximum of two tensors,
+    clamp of a tensor against a number (the same values eager's comparisons pick)."""
+    pairwise, bound = (torch.maximum, "min") if fn is max else (torch.minimum, "max")
+
+    def pick(frame, a, b):
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+            return frame.og.call_op("call_function", pairwise, [a, b], {})
+        t, n = (a, b) if isinstance(a, TensorVariable) else (b, a)
+        return frame.og.call_op("call_function", torch.clamp, [t], {bound: n})
+
+    def handler(frame, args, kwargs, fold=_b_minmax(fn)):
+        items = unpack_iterable(frame, args[0]) if len(args) == 1 else list(args)
+        if kwargs or not any(isinstance(i, TensorVariable) for i in items) or \
+                not all(isinstance(i, TensorVariable) or isinstance(i, ConstantVariable) and
+                        type(i.value) in (int, float, bool) for i in items):
+            return fold(frame, [ListVariable(items)], kwargs)  # (the items: an iterator is consumed)
+        result = items[0]
+        for item in items[1:]:
+            result = pick(frame, result, item)
+        return result
+    return handler
 
 
 def _reducing(fn):
@@ -373,7 +540,7 @@ def _b_print(frame, args, kwargs):
 
 def _b_callable(frame, args, kwargs):
     v = args[0]
-    if isinstance(v, (FunctionVariable, MethodVariable)):
+    if isinstance(v, (FunctionVariable, MethodVariable, PartialVariable)):
         return const(True)
     if isinstance(v, (ObjectVariable, ConstantVariable)):
         return const(callable(v.value))
@@ -509,7 +676,7 @@ def _b_prod(frame, args, kwargs):
 def _b_sorted(frame, args, kwargs):
     items = unpack_iterable(frame, args[0])
     lst = ListVariable(items)
-    _list_method(frame, lst, "sort", [], kwargs)
+    call_list_method(frame, lst, "sort", [], kwargs)
     return lst
 
 
@@ -543,14 +710,14 @@ _TORCH_CHECKS = {torch._check: RuntimeError, torch._check_index: IndexError, tor
 
 BUILTIN_HANDLERS = {
     len: builtin_len, isinstance: _b_isinstance, issubclass: _b_isinstance_sub, type: _b_type, getattr: _b_getattr,
-    hasattr: _b_hasattr, setattr: _b_setattr, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
+    hasattr: _b_hasattr, setattr: _b_setattr, delattr: _b_delattr, vars: _b_vars, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
     reversed: _iterable_builtin(reversed), iter: _iterable_builtin(iter), list: _iterable_builtin(list),
-    tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_numeric(frozenset),
-    sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _b_minmax(min), max: _b_minmax(max),
+    tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_frozenset,
+    sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _extremum(min), max: _extremum(max),
     super: _b_super, print: _b_print, callable: _b_callable, id: _b_id, abs: _b_abs,
-    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _b_numeric(str),
+    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _text_of(str, "__str__"),
     round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
-    pow: _b_numeric(pow), repr: _b_numeric(repr), format: _b_numeric(format), chr: _b_numeric(chr),
+    pow: _b_numeric(pow), repr: _text_of(repr, "__repr__"), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
     complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,
     collections.defaultdict: _b_defaultdict, inspect.signature: _b_native_query(inspect.signature),

@@ -4,14 +4,16 @@
 prologue in front: it pushes the live stack (its first arguments; NULLs re-pushed with PUSH_NULL),
 binds the live locals (its other arguments) and jumps to `offset`. The original's cell variables
 become free variables, so the glue can hand over the very cells that closures made before the
-break captured. One code object per (code, offset, layout), so its cache is shared by recompiles.
+break captured. One code object per (code, offset, layout), so its cache is shared by recompiles;
+they are kept while `code` lives.
 """
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 
 from kiln.capture import bytecode_facts as facts
+from kiln.capture.identity_table import IdentityTable
 from kiln.capture.interpreter import instructions
 
-_CACHE = {}
+_CACHE = IdentityTable()  # code -> {(offset, stack_nulls, live): resume code}
 
 
 def live_locals(code, offset):
@@ -51,8 +53,9 @@ def live_locals(code, offset):
 
 def resume_code(code, offset, stack_nulls, live):
     """A code object taking (non-NULL stack items..., live locals...) that continues `code` at `offset`."""
-    key = (code, offset, tuple(stack_nulls), tuple(live))
-    found = _CACHE.get(key)
+    made = _CACHE.setdefault(code, dict)
+    key = (offset, tuple(stack_nulls), tuple(live))
+    found = made.get(key)
     if found is not None:
         return found
     bc = Bytecode.from_code(code)
@@ -97,7 +100,7 @@ def resume_code(code, offset, stack_nulls, live):
     new.flags = code.co_flags & ~(0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200) | 0x10 * bool(freevars)
     new.exception_table = None
     out = new.to_code()
-    _CACHE[key] = out
+    made[key] = out
     return out
 
 

@@ -3,27 +3,37 @@
 Hot path of a compiled call: bind arguments (a generated function with the original signature)
 -> for each entry: entry.check(F, L) -> entry.run(F, L). Everything else (capture, recompile logging,
 the cache-size limit) happens on a miss, under one lock.
+
+A cache lives as long as its code object and no longer: `_CACHES` holds code objects weakly (by
+identity), and nothing a cache holds refers back to its code (the cache itself holds it weakly; guards
+hold the modules, functions and classes they check weakly). A compiled function keeps its code, so
+its cache, alive; a nested function's code lives in its parent's constants, so a closure made anew on
+each call still finds its cache. An entry goes as soon as an object its guards check by identity dies
+(guards.Liveness): it could never match again.
 """
 import inspect
 import sys
 import threading
 import types
 import warnings
+import weakref
 
 import torch
 
 from kiln import config as config_mod
-from kiln.capture import dynamic as dynamic_mod
+from kiln.capture import dynamic as dynamic_mod, fx_sources, torch_caches
 from kiln.capture.call_sites import original_code
 from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
+from kiln.capture.identity_table import IdentityTable
+from kiln.capture.uninterrupted_imports import imports_not_interrupted
 from kiln.capture.sources import CodeContext
 from kiln.debug.logs import enabled, log
 from kiln.exc import FailOnRecompileLimitHit
 
 _LOCK = threading.RLock()
 _MAX_EAGER_CALLS = 16  # capture is retried this often for calls that raise before a frame runs eagerly
-_CACHES = {}       # (code, backend key, fullgraph) -> CodeCache
+_CACHES = IdentityTable()  # code -> {(backend key, fullgraph, dynamic): CodeCache}
 observers = []     # callables(code, entry) told about every new entry (kiln.explain)
 eager_observers = []  # callables(code, reason) told when a frame is left to run eagerly
 
@@ -34,15 +44,21 @@ def _backend_key(backend):
 
 
 class CodeCache:
-    """The compiled entries of one code object (for one backend)."""
+    """The compiled entries of one code object (for one backend). Holds the code object weakly, or
+    `_CACHES` would keep it alive."""
 
     def __init__(self, code, backend, fullgraph, dynamic):
-        self.code, self.backend, self.fullgraph, self.dynamic = code, backend, fullgraph, dynamic
+        self._code = weakref.ref(code)
+        self.backend, self.fullgraph, self.dynamic = backend, fullgraph, dynamic
         self.dynamism = dynamic_mod.InputDynamism(dynamic, code.co_qualname)
         self.entries = []
         self.eager_reason = None
         self.warned_limit = False
         self.eager_calls = 0  # calls that raised out of the frame during capture (EagerCall)
+
+    @property
+    def code(self):
+        return self._code()
 
     def __call__(self, F, L):
         """Run a frame whose bound arguments are already the tuple L (resume functions)."""
@@ -82,8 +98,13 @@ class CodeCache:
                 self._log_recompile(F, L)
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
             try:
-                entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
-                                      self.dynamism)
+                with imports_not_interrupted(), fx_sources.owned() as sources:
+                    try:
+                        entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
+                                              self.dynamism)
+                    finally:
+                        torch_caches.release_finished_compiles()
+                    sources.tie_to(entry)
             except EagerCall as e:
                 self.eager_calls += 1
                 log("graph_breaks", "%s", e)
@@ -99,10 +120,16 @@ class CodeCache:
                 for obs in eager_observers:
                     obs(self.code, str(e))
                 return None
-            self.entries.append(entry)
+            self._keep(entry)
             for obs in observers:
                 obs(self.code, entry)
             return entry
+
+    def _keep(self, entry):
+        self.entries.append(entry)
+        if entry.liveness.watches():  # weak references only: the callback must not keep either alive
+            cache, kept = weakref.ref(self), weakref.ref(entry)
+            entry.liveness.on_death(lambda: _discard(cache(), kept()))
 
     def _failure_text(self, F, L):
         if not self.entries:
@@ -125,13 +152,29 @@ def run_eagerly(cache, F, args, kwargs):
     return F(*args, **kwargs)
 
 
+def _discard(cache, entry):
+    """Drop an entry whose guards can no longer pass (an object they check by identity died)."""
+    if cache is not None and entry is not None:
+        try:
+            cache.entries.remove(entry)  # in place: hot paths iterate this very list
+        except ValueError:
+            pass
+
+
 def get_cache(code, backend, fullgraph, dynamic=None):
+    return _cache_for(code, (_backend_key(backend), fullgraph, dynamic), backend)
+
+
+def _cache_for(code, key, backend):
     code = original_code(code)  # a function made by a frame that ran rewritten shares its original's cache
-    key = (code, _backend_key(backend), fullgraph, dynamic)
-    cache = _CACHES.get(key)
+    found = _CACHES.get(code)
+    cache = found.get(key) if found is not None else None
     if cache is None:
         with _LOCK:
-            cache = _CACHES.setdefault(key, CodeCache(code, backend, fullgraph, dynamic))
+            found = _CACHES.setdefault(code, dict)
+            cache = found.get(key)
+            if cache is None:
+                cache = found[key] = CodeCache(code, backend, key[1], key[2])
     return cache
 
 
@@ -143,19 +186,22 @@ def _evaluate(source, F, L):
 
 def reset():
     with _LOCK:
-        for cache in _CACHES.values():
-            cache.entries.clear()
-            cache.eager_reason = None
-            cache.warned_limit = False
+        for caches in _CACHES.values():
+            for cache in caches.values():
+                cache.entries.clear()
+                cache.eager_reason = None
+                cache.warned_limit = False
         _CACHES.clear()
 
 
 def forget_backend(backend):
-    """Drop the caches compiled for one backend (kiln.explain's private one)."""
+    """Drop the caches compiled for one backend (kiln.explain's private one): they would otherwise
+    live as long as the code objects they were compiled for."""
     key = _backend_key(backend)
     with _LOCK:
-        for k in [k for k in _CACHES if k[1] == key]:
-            del _CACHES[k]
+        for caches in _CACHES.values():
+            for k in [k for k in caches if k[0] == key]:
+                del caches[k]
 
 
 # ---- argument binding -----------------------------------------------------------------------------
@@ -214,6 +260,7 @@ def optimize_function(fn, backend, fullgraph, dynamic=None):
     binder = make_binder(fn)
     entries = cache.entries
     F = fn
+    code = fn.__code__  # the cache holds it weakly; this function owns it (F.__code__ may be replaced)
 
     def compiled(*args, **kwargs):
         nonlocal binder
@@ -224,17 +271,30 @@ def optimize_function(fn, backend, fullgraph, dynamic=None):
             if e.check(F, L):
                 return e.run(F, L)
         return cache.miss(F, L, args, kwargs)
-    compiled._kiln_cache, compiled._kiln_fn = cache, fn
+    compiled._kiln_cache, compiled._kiln_fn, compiled._kiln_code = cache, fn, code
     return compiled
 
 
 def synthetic_caller(target):
-    """A fresh function `(*args, **kwargs) -> target(*args, **kwargs)` with its own code object, so
-    each compiled module/callable has its own cache and `target` is a constant of its globals."""
+    """A fresh function `(*args, **kwargs) -> target(*args, **kwargs)`, `target` a global of its own
+    namespace. Its code object is one per target (by identity: these code objects all compare equal),
+    so each compiled module/callable has a cache of its own, kept while the target lives."""
     ns = {"__kiln_target__": target, "__builtins__": __builtins__}
-    src = "def __kiln_call__(*args, **kwargs):\n    return __kiln_target__(*args, **kwargs)\n"
-    exec(compile(src, f"<kiln call {type(target).__name__} {id(target):#x}>", "exec"), ns)
-    return ns["__kiln_call__"]
+    return types.FunctionType(_caller_code(target), ns, "__kiln_call__")
+
+
+_CALLER_CODES = IdentityTable()  # target -> its synthetic caller's code object (which does not refer to it)
+
+
+def _caller_code(target):
+    def make():
+        src = "def __kiln_call__(*args, **kwargs):\n    return __kiln_target__(*args, **kwargs)\n"
+        module = compile(src, f"<kiln call {type(target).__name__} {id(target):#x}>", "exec")
+        return next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    try:
+        return _CALLER_CODES.setdefault(target, make)
+    except TypeError:  # not weakly referenceable: a code object per compile
+        return make()
 
 
 class Caller:
@@ -243,6 +303,7 @@ class Caller:
 
     def __init__(self, backend, dynamic):
         self.backend, self.dynamic = backend, dynamic
+        self._key = (_backend_key(backend), False, dynamic)
 
     def __call__(self, fn, /, *args, **kwargs):
         if compilation_disabled() or is_disabled_function(fn):
@@ -261,7 +322,7 @@ class Caller:
 
     def call_function(self, fn, /, *args, **kwargs):
         """Run the user Python function `fn` as a frame of its own: its cache entry, compiled on a miss."""
-        cache = get_cache(fn.__code__, self.backend, False, self.dynamic)
+        cache = _cache_for(fn.__code__, self._key, self.backend)
         L = _binder_for(fn)(*args, **kwargs)
         for e in cache.entries:
             if e.check(fn, L):

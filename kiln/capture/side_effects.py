@@ -20,17 +20,25 @@ class SideEffects:
         target = obj_var.fake if hasattr(obj_var, "fake") else obj_var.value
         self.attr_stores[(id(target), name)] = (obj_var, name, value)
 
+    def forget_attr(self, obj, name):
+        self.attr_stores.pop((id(obj), name), None)
+
     def load_attr(self, obj, name):
         entry = self.attr_stores.get((id(obj), name))
         return None if entry is None else entry[2]
 
     def store_global(self, source, value):
-        """A store into a module's globals, keyed by (globals dict, name): the frame's own global,
-        the same one written by an inlined function of its module, and `module.name` are one."""
-        self.global_stores[(id(source.gdict), source.name)] = (source, value)
+        # keyed by the dict, not the source: the frame's own globals and a callee's view of the same
+        # module's globals (G['x'] vs GD['x']) are one variable
+        self.global_stores[(source.namespace, source.name)] = (source, value)
 
     def load_global(self, source):
-        entry = self.global_stores.get((id(source.gdict), source.name))
+        entry = self.global_stores.get((source.namespace, source.name))
+        return None if entry is None else entry[1]
+
+    def load_module_global(self, gdict, name):
+        """A global of `gdict` the frame has stored (also read as `module.name`), or None."""
+        entry = self.global_stores.get((id(gdict), name))
         return None if entry is None else entry[1]
 
     def store_cell(self, cell, source, value):

@@ -9,6 +9,7 @@ Expressions are written against three names bound by the generated code:
   L  the tuple of the frame's bound arguments (or resume-function arguments),
   and constants (dicts, cells) that the CodeContext interns under names like C3.
 """
+import weakref
 
 
 class CodeContext:
@@ -71,7 +72,10 @@ class GlobalSource(Source):
     with other globals stay right); an inlined callee's globals dict is fixed and interned."""
 
     def __init__(self, gdict, name, root):
-        self.gdict, self.name, self.root = gdict, name, root
+        # root globals are read through F; not holding their dict keeps an entry from keeping alive
+        # the namespace of the function it compiled (and whatever that namespace holds)
+        self.gdict, self.name, self.root = (None if root else gdict), name, root
+        self.namespace = id(gdict)  # which module's globals, also for root ones (side effects key by it)
 
     def expr(self, ctx):
         base = "G" if self.root else ctx.const(self.gdict, "GD")
@@ -117,13 +121,15 @@ class AttrSource(Source):
 
 
 class ItemSource(Source):
-    """base[key] for a constant key (an int or str written as is, others interned: torch.Size)."""
+    """base[key] for a constant key (an int or str written as is; others interned: torch.Size, a class, a
+    tuple, ...)."""
 
     def __init__(self, base, index):
         self.base, self.index = base, index
 
     def expr(self, ctx):
-        key = repr(self.index) if type(self.index) in (int, str) else ctx.const(self.index, "KEY")
+        literal = type(self.index) in (int, str, bytes, bool, type(None))
+        key = repr(self.index) if literal else ctx.const(self.index, "KEY")
         return f"{ctx.sub(self.base)}[{key}]"
 
     def key(self):
@@ -134,10 +140,18 @@ class ItemSource(Source):
 
 
 class ConstSource(Source):
-    """A fixed object (a module's globals, a class): reloaded by identity, never guarded."""
+    """A fixed object (a module's globals, a class): reloaded by identity, never guarded. Held weakly
+    where it can be: a cache entry keeps its guards' sources, and must not keep what they read alive."""
 
     def __init__(self, obj):
-        self.obj = obj
+        try:
+            self._ref = weakref.ref(obj)
+        except TypeError:
+            self._ref = lambda: obj
+
+    @property
+    def obj(self):
+        return self._ref()
 
     def expr(self, ctx):
         return ctx.const(self.obj)
@@ -163,3 +177,19 @@ class TupleSource(Source):
 
     def __repr__(self):
         return "(" + ", ".join(repr(s) for s in self.sources) + ")"
+
+
+class ConvertedSource(Source):
+    """`fn(base)` for a pure conversion `fn` (torch.from_numpy of an ndarray that came from outside)."""
+
+    def __init__(self, fn, base):
+        self.fn, self.base = fn, base
+
+    def expr(self, ctx):
+        return f"{ctx.const(self.fn, 'CONV')}({ctx.sub(self.base)})"
+
+    def key(self):
+        return ("conv", id(self.fn), self.base.key())
+
+    def __repr__(self):
+        return f"{getattr(self.fn, '__name__', 'convert')}({self.base!r})"

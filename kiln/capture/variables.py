@@ -13,6 +13,7 @@ A small set on purpose:
   DictViewVariable  iterators and dict views, lazy and live as CPython's
 Values that came from outside carry a Source; see sources.py.
 """
+import collections
 import types
 
 import torch
@@ -117,6 +118,25 @@ class TensorVariable(Variable):
         return f"Tensor({self.node.name}, {tuple(self.fake.shape)})"
 
 
+class NDArrayVariable(Variable):
+    """A NumPy ndarray, traced through torch (numpy_support.py): `tensor` holds its data in the graph.
+    `scalar`: a 0-d result NumPy hands out as a scalar (np.sum(a) is a np.float64). `source`: an
+    ndarray that came from outside."""
+
+    def __init__(self, tensor, scalar=False, source=None):
+        self.tensor, self.scalar, self.source = tensor, scalar, source
+
+    def python_type(self):
+        import numpy
+        return numpy.ndarray
+
+    @staticmethod
+    def to_numpy(tensor, scalar):
+        """The ndarray (or NumPy scalar) a graph output stands for."""
+        array = tensor.detach().numpy()
+        return array[()] if scalar else array
+
+
 class SymNodeVariable(Variable):
     """A symbolic number (SymInt, SymFloat or SymBool) in the graph: a dynamic size, a number input
     made symbolic, an item() under capture_scalar_outputs, or arithmetic on those."""
@@ -132,8 +152,11 @@ class SymNodeVariable(Variable):
 
 
 class _Sequence(Variable):
+    mutated = False
+
     def __init__(self, items, source=None):
         self.items, self.source = list(items), source
+        self.attrs = {}  # the __dict__ of an instance of a list/tuple subclass
 
     def is_constant(self):
         return all(i.is_constant() for i in self.items)
@@ -153,6 +176,14 @@ class ListVariable(_Sequence):
 
     def is_constant(self):
         return False
+
+
+class DequeVariable(ListVariable):
+    """A collections.deque: a list whose ends are bounded by `maxlen` (None: unbounded)."""
+
+    def __init__(self, items, source=None, maxlen=None):
+        super().__init__(items, source, cls=collections.deque)
+        self.maxlen = maxlen
 
 
 class TupleVariable(_Sequence):
@@ -176,6 +207,7 @@ class SetVariable(Variable):
         """`keyed`: (key, Variable) pairs, added in order; or, with `keys` (a real set, kept in its
         own order), the Variable of each of its keys."""
         self.source = source
+        self.attrs = {}
         if keys is None:
             self.keys, self.vars = set(), {}
             for key, var in keyed:
@@ -200,11 +232,13 @@ class SetVariable(Variable):
         self.keys.clear()
         self.vars.clear()
 
+    cls = set  # frozenset for a frozenset with items capture does not know exactly
+
     def is_constant(self):
         return all(v.is_constant() for v in self.vars.values())
 
     def python_type(self):
-        return set
+        return self.cls
 
 
 class SliceVariable(Variable):
@@ -218,12 +252,31 @@ class SliceVariable(Variable):
         return slice
 
 
+class TensorKey:
+    """A tensor used as a dict key: hashed and compared by identity, as torch.Tensor is."""
+    __slots__ = ("var",)
+
+    def __init__(self, var):
+        self.var = var
+
+    def __hash__(self):
+        return id(self.var.fake)
+
+    def __eq__(self, other):
+        return isinstance(other, TensorKey) and other.var.fake is self.var.fake
+
+    def __repr__(self):
+        return f"TensorKey({self.var!r})"
+
+
 class DictVariable(Variable):
-    """A dict with constant keys (insertion ordered); `cls` may be OrderedDict or a dict subclass."""
+    """A dict (insertion ordered); `cls` may be OrderedDict or a dict subclass. Keys are the Python
+    values of constant keys, or a TensorKey for a tensor."""
     mutated = False
 
     def __init__(self, items, source=None, cls=dict):
         self.items, self.source, self.cls = dict(items), source, cls
+        self.attrs = {}  # the __dict__ of an instance of a dict subclass
 
     def python_type(self):
         return self.cls
@@ -240,16 +293,32 @@ class DataDictVariable(DictVariable):
 
 
 class FunctionVariable(Variable):
-    """A function object created during capture by MAKE_FUNCTION."""
+    """A function object created during capture by MAKE_FUNCTION. `attrs`: its __dict__ (set by
+    `f.x = ...` or functools.wraps); `slots`: the function attributes the code reassigned (__name__,
+    __doc__, __annotations__, ...)."""
 
-    def __init__(self, code, f_globals, name, defaults=None, kwdefaults=None, closure=None):
+    def __init__(self, code, f_globals, name, defaults=None, kwdefaults=None, closure=None, annotations=None):
         self.code, self.f_globals, self.name = code, f_globals, name
         self.defaults = defaults  # TupleVariable or None
         self.kwdefaults = kwdefaults  # DictVariable or None
         self.closure = closure  # list of CellVariable / real cells, or None
+        self.attrs = DictVariable({})
+        self.slots = {} if annotations is None else {"__annotations__": annotations}
 
     def python_type(self):
         return types.FunctionType
+
+
+class PartialVariable(Variable):
+    """functools.partial(func, *args, **keywords) made during capture; `attrs` is its __dict__."""
+
+    def __init__(self, func, args, keywords):
+        self.func, self.args, self.keywords = func, list(args), keywords  # keywords: a DictVariable
+        self.attrs = DictVariable({})
+
+    def python_type(self):
+        import functools
+        return functools.partial
 
 
 class MethodVariable(Variable):
@@ -273,11 +342,13 @@ class FreshObjectVariable(Variable):
 
 
 class CellVariable(Variable):
-    """A closure cell created inside the frame (MAKE_CELL or a new function's closure)."""
+    """A closure cell created inside the frame (MAKE_CELL or a new function's closure). `frozen`: a
+    class made natively during capture closes over it (class_creation.py), so it may not change."""
     _EMPTY = object()
 
     def __init__(self, contents=_EMPTY):
         self.contents = contents
+        self.frozen = False
 
     def python_type(self):
         return types.CellType
@@ -304,6 +375,17 @@ class IteratorVariable(BaseIterator):
             return None
         self.pos += 1
         return self.items[self.pos - 1]
+
+
+class ObjectIterator(BaseIterator):
+    """An iterator object of the user's (its class defines __next__ in Python, often `__iter__` returns
+    self): each step calls its __next__ until that raises StopIteration. Rebuilt as the object."""
+
+    def __init__(self, obj):
+        self.obj, self.done = obj, False
+
+    def python_type(self):
+        return self.obj.python_type()
 
 
 class SequenceIterator(BaseIterator):
@@ -391,25 +473,32 @@ class EnumerateIterator(BaseIterator):
 
 class GeneratorVariable(BaseIterator):
     """A generator made during capture by calling a generator function. Its frame runs lazily, to the
-    next yield on each `next()`, so its side effects interleave with its consumer's as in CPython."""
+    next yield on each `next()`, so its side effects interleave with its consumer's as in CPython.
+    `return_value`: what the frame returned, once done (StopIteration's value)."""
     MAX_ITEMS = 100_000
 
     def __init__(self, frame):
-        self.frame, self.done, self.count = frame, False, 0
+        self.frame, self.done, self.count, self.return_value = frame, False, 0, ConstantVariable(None)
 
     def python_type(self):
         return types.GeneratorType
 
-    def next(self):
-        """The next yielded Variable, or None once the generator has returned."""
+    def next(self, sent=None, thrown=None):
+        """Resume to the next yield: the yielded Variable, or None once the generator has returned.
+        `sent`: the value the paused yield evaluates to (send); `thrown`: an exception raised there
+        (throw, close). An exception leaving the frame ends the generator, as in CPython."""
         if self.done:
             return None
         self.count += 1
         if self.count > self.MAX_ITEMS:
             raise Unsupported("generator yields too many values")
-        item = self.frame.resume_generator()
-        if item is None:
+        try:
+            item = self.frame.resume_generator(sent, thrown)
+        except Unsupported:
             self.done = True
+            raise
+        if item is None:
+            self.done, self.return_value = True, self.frame.returned
         return item
 
 

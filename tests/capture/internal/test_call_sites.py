@@ -149,3 +149,39 @@ def test_module_call_impl_copy_runs_hooks():
     out = call_impl(lin, torch.ones(2))
     assert calls == ["hook"] and torch.equal(out, torch.zeros(2))
     assert any(getattr(f, "__func__", None) is torch.nn.Linear.forward for f in rec.seen)
+
+
+class Base:
+    def hello(self, n, *rest, k=0):
+        return ("base", n, rest, k)
+
+
+class Derived(Base):
+    def shapes(self, items, kw):
+        """Call layouts that differ between CPython versions, each a plain call `resolve` must see."""
+        a = super().hello(1, k=2)                  # 3.12+: LOAD_SUPER_ATTR with its method bit
+        bound = super().hello                      # ... and without it (an attribute, not a call)
+        b = super(Derived, self).hello(*items)     # two-argument super, CALL_FUNCTION_EX
+        c = self.hello(*items, 3)                  # CALL_INTRINSIC_1 (list to tuple), then CALL_FUNCTION_EX
+        d = self.hello(4, **kw)                    # a method with **kwargs
+        e = sorted([abs(i) for i in items], key=abs, reverse=True)  # 3.12+: an inlined comprehension
+        try:
+            f = int("x")                           # a call that raises inside a try (exception table)
+        except ValueError as err:
+            f = str(err).upper().lower()           # chained method calls
+        g = (lambda v: abs(v))(-5)                 # a lambda called where it is made
+        cell = 7
+        h = [(lambda: cell + i)() for i in range(2)]  # a comprehension over a cell variable
+        return a, bound(5), b, c, d, e, f, g, h
+
+
+def test_call_layouts_of_every_version():
+    """Every call in `shapes` goes through resolve once, in order, and the copy computes the same."""
+    rec = Recorder()
+    obj, items, kw = Derived(), [-1, 2], {"k": 9}
+    assert rewritten(Derived.shapes, rec)(obj, items, kw) == obj.shapes(items, kw)
+    # super() is a call on 3.11 only (3.12+ reads `super().name` with LOAD_SUPER_ATTR)
+    names = [getattr(f, "__name__", f) for f in rec.seen if f is not super]
+    assert names == ["hello", "hello", "hello", "hello", "abs", "abs", "sorted", "int", "str", "upper", "lower",
+                     "<lambda>", "abs", "range", "<lambda>", "<lambda>", "hello"]
+    assert all(f.__self__ is obj for f in rec.seen if getattr(f, "__name__", "") == "hello")

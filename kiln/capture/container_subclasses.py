@@ -1,0 +1,190 @@
+"""User subclasses of list, tuple and dict (OrderedDict): instances made in the frame (through the
+class, a Python __new__ calling super().__new__, or `tuple.__new__(cls, items)` directly) and instances
+passed in. Their storage is the base's, so they are ListVariable/TupleVariable/DictVariable of the
+subclass: the subclass's own Python methods run over them (objects.own_dunder), the base's C methods
+are modelled. One passed in is read, guarded and written back through the base's own methods, never
+its overrides (`list.__getitem__(v, i)`, `list.__len__(v)`), and its instance __dict__ comes along.
+Registers into objects (SUBCLASS_CONSTRUCTORS), graph_builder (SUBCLASS_WRAPPERS),
+python_builtins (BUILTIN_HANDLERS) and glue (MUTATION_WRITERS)."""
+import collections
+import inspect
+import types
+
+from kiln.capture import glue, graph_builder, objects
+from kiln.capture.objects import call_method, call_python_function, const_value, make_tuple, unpack_iterable
+from kiln.capture.python_builtins import BUILTIN_HANDLERS
+from kiln.capture.sources import AttrSource, Source
+from kiln.capture.variables import DictVariable, ListVariable, TupleVariable
+from kiln.exc import Unsupported
+
+_BASES = (list, tuple, dict, collections.OrderedDict)
+_HEAP_TYPE = 1 << 9
+
+
+def storage_base(cls):
+    """The builtin container a class stores its items in, when capture models its subclasses: list,
+    tuple, dict or OrderedDict (a defaultdict's or set's subclass: None)."""
+    for klass in cls.__mro__:
+        if klass in _BASES:
+            return klass
+        if klass in (collections.defaultdict, set, frozenset, collections.deque) or \
+                not klass.__flags__ & _HEAP_TYPE and klass is not object:
+            return None
+    return None
+
+
+def _plain_subclass(cls):
+    """A heap subclass whose attribute protocol and slots are the ordinary ones."""
+    base = storage_base(cls)
+    if base is None or cls is base or not cls.__flags__ & _HEAP_TYPE:
+        return None
+    for klass in cls.__mro__:
+        if klass is base:
+            break
+        own = vars(klass)
+        if any(name in own for name in ("__setattr__", "__getattribute__", "__delattr__")) or own.get("__slots__"):
+            return None
+    return base
+
+
+# ---- made in the frame ------------------------------------------------------------------------------
+def _empty(cls, base, items=()):
+    if base is tuple:
+        return TupleVariable(list(items), cls=cls)
+    return ListVariable(list(items), cls=cls) if base is list else DictVariable({}, cls=cls)
+
+
+def construct(frame, cls, args, kwargs):
+    """`cls(*args, **kwargs)`: the class's __new__ (a Python one, or the base's), then its __init__
+    when __new__ gave an instance of cls, as type.__call__ does."""
+    base = _plain_subclass(cls)
+    if base is None or (hasattr(cls, "_fields") and not _python_new(cls)):
+        return None
+    new = _python_new(cls)
+    if new is not None:
+        var = call_python_function(frame, new, [frame.og.wrap(cls, None, guard=False)] + list(args), kwargs)
+        if not issubclass(var.python_type(), cls):
+            return var
+    else:
+        if base is tuple and kwargs:
+            raise Unsupported(f"{cls.__qualname__}() takes no keyword arguments",
+                              python_exception=TypeError("tuple() takes no keyword arguments"))
+        var = _empty(cls, base, unpack_iterable(frame, args[0]) if base is tuple and args else ())
+    init = inspect.getattr_static(cls, "__init__", None)
+    if isinstance(init, types.FunctionType):
+        call_python_function(frame, init, [var] + list(args), kwargs)
+    elif base is not tuple:
+        call_method(frame, var, "__init__", list(args), kwargs)
+    return var
+
+
+def _python_new(cls):
+    """The Python __new__ a class (below its container base or namedtuple) defines, or None."""
+    raw = inspect.getattr_static(cls, "__new__")
+    fn = raw.__func__ if isinstance(raw, staticmethod) else raw
+    if not isinstance(fn, types.FunctionType):
+        return None
+    named = next((k for k in cls.__mro__ if "_fields" in vars(k)), None)
+    if named is not None and vars(named).get("__new__") is raw:
+        return None  # the namedtuple's own generated __new__: objects makes those directly
+    return fn
+
+
+def _base_new(base):
+    """`tuple.__new__(cls, items)`, `list.__new__(cls)`, `dict.__new__(cls)`: an instance of `cls`
+    (not initialised: __init__ is type.__call__'s business)."""
+    def handler(frame, args, kwargs):
+        cls = const_value(args[0], f"the class given to {base.__name__}.__new__")
+        if cls is base:
+            items = unpack_iterable(frame, args[1]) if base is tuple and len(args) > 1 else []
+            return make_tuple(items) if base is tuple else _empty(base, base)
+        if not isinstance(cls, type) or _plain_subclass(cls) is not base:
+            raise Unsupported(f"{base.__name__}.__new__({getattr(cls, '__qualname__', cls)})")
+        return _empty(cls, base, unpack_iterable(frame, args[1]) if base is tuple and len(args) > 1 else ())
+    return handler
+
+
+# ---- passed in ----------------------------------------------------------------------------------
+class BaseItemSource(Source):
+    """`base.__getitem__(obj, key)`: an item of a container subclass, read past its overrides."""
+
+    def __init__(self, base_source, index, via):
+        self.base, self.index, self.via = base_source, index, via
+
+    def expr(self, ctx):
+        literal = type(self.index) in (int, str, bytes, bool, type(None))
+        key = repr(self.index) if literal else ctx.const(self.index, "KEY")
+        return f"{ctx.const(self.via, 'BASE')}.__getitem__({ctx.sub(self.base)}, {key})"
+
+    def key(self):
+        return ("baseitem", self.base.key(), self.index, id(self.via))
+
+    def __repr__(self):
+        return f"{self.base!r}[{self.index!r}]"
+
+
+def wrap_instance(og, value, source, guard):
+    """An instance of a list/tuple/dict subclass from outside: its items and __dict__ as Variables,
+    guarded on its type, length or keys (read with the base's methods) and __dict__ keys."""
+    cls = type(value)
+    base = _plain_subclass(cls)
+    if base is None or source is None or hasattr(value, "_fields"):
+        return None
+    if base in (dict, collections.OrderedDict) and not all(graph_builder._stable_key(k) for k in base.keys(value)):
+        return None
+    g = og.guards if guard else None
+    via = dict if base is collections.OrderedDict else base  # OrderedDict reads its items with dict's lookup
+    if g:
+        b, t = g.const(base, "BASE"), g.const(cls, "T")
+        if base in (list, tuple):
+            g.add(source, f"type(v) is {t} and {b}.__len__(v) == {len(value)}",
+                  f"type({source!r}) is {cls.__name__} and len == {len(value)}")
+        else:
+            keys = tuple(base.keys(value))
+            g.add(source, f"type(v) is {t} and tuple({b}.keys(v)) == {g.const(keys, 'KEYS')}",
+                  f"type({source!r}) is {cls.__name__} and keys == {list(keys)}")
+    if base in (list, tuple):
+        items = [og.wrap(base.__getitem__(value, i), BaseItemSource(source, i, via), guard)
+                 for i in range(base.__len__(value))]
+        var = ListVariable(items, source, cls) if base is list else TupleVariable(items, source, cls)
+    else:
+        var = DictVariable({k: og.wrap(dict.__getitem__(value, k), BaseItemSource(source, k, via), guard)
+                            for k in base.keys(value)}, source, cls)
+    inst = getattr(value, "__dict__", None)
+    if isinstance(inst, dict):
+        if g:
+            g.add(source, f"tuple(v.__dict__) == {g.const(tuple(inst), 'KEYS')}",
+                  f"{source!r}.__dict__ keys == {list(inst)}")
+        var.attrs = {k: og.wrap(v, AttrSource(source, k), guard) for k, v in inst.items()}
+        var.attrs_at_entry = tuple(inst)
+    return var
+
+
+def write_back(g, container, target):
+    """Glue lines (format, value Variable or None) that give an existing subclass instance its final
+    items and __dict__, through the base's methods (its own __setitem__ or __setattr__ may do anything);
+    None for a container that is not such an instance."""
+    base = _plain_subclass(container.python_type())
+    if base is None:
+        return None
+    b = g.const(base, "BASE")
+    todo = []
+    if base is list:
+        todo.append((f"{b}.__setitem__({target}, slice(None), {{}})", ListVariable(container.items)))
+    elif base is not tuple:
+        todo.append((f"__d = {target}; {b}.clear(__d); [{b}.__setitem__(__d, __k, __v) for __k, __v in {{}}.items()]",
+                     DictVariable(container.items)))
+    for name, value in container.attrs.items():
+        todo.append((f"object.__setattr__({target}, {name!r}, {{}})", value))
+    for name in getattr(container, "attrs_at_entry", ()):
+        if name not in container.attrs:
+            todo.append((f"object.__delattr__({target}, {name!r})", None))
+    return todo
+
+
+for _base in _BASES:
+    objects.SUBCLASS_CONSTRUCTORS[_base] = construct
+    graph_builder.SUBCLASS_WRAPPERS[_base] = wrap_instance
+for _base in (list, tuple, dict):
+    BUILTIN_HANDLERS[_base.__new__] = _base_new(_base)
+glue.MUTATION_WRITERS.append(write_back)

@@ -1,0 +1,73 @@
+"""Grad-mode objects beyond `with`: `torch.no_grad()(fn)` and the other decorator forms run torch's own
+Python decorator code (_DecoratorContextManager.__call__) over capture's model of the mode, so the
+wrapped function enters the mode on every call, as in eager; torch.inference_mode() is a grad-mode block
+too. Registers its models in objects."""
+import inspect
+import types
+
+import torch
+
+from kiln.capture import objects
+from kiln.capture.objects import TypeModel, call, const_value
+from kiln.capture.python_builtins import BUILTIN_HANDLERS
+from kiln.capture.variables import ConstantVariable, GradModeVariable, MethodVariable, const
+from kiln.exc import Unsupported
+
+
+class GradModeModel(TypeModel):
+    def call(self, frame, mode, args, kwargs):
+        return call(frame, self.attribute(frame, mode, "__call__"), args, kwargs)
+
+    def attribute(self, frame, mode, name):
+        if name in ("__enter__", "__exit__"):
+            raise Unsupported("explicit __enter__/__exit__ calls")
+        if name == "__class__":
+            return frame.og.wrap(mode.cls, None, guard=False)
+        if name == "mode" and mode.cls is torch.inference_mode:
+            return const(not mode.enabled)
+        if name == "mode" and mode.cls is torch.set_grad_enabled:
+            return const(mode.enabled)
+        if name == "prev" and mode.cls is torch.set_grad_enabled:
+            return const(mode.prior)
+        raw = inspect.getattr_static(mode.cls, name, None)
+        if isinstance(raw, types.FunctionType):  # clone, __call__: torch's Python code, run over the model
+            return MethodVariable(raw, mode)
+        raise Unsupported(f"attribute {name!r} of {mode.cls.__qualname__}")
+
+
+objects.VARIABLE_MODELS[GradModeVariable] = GradModeModel()
+
+
+def _inference_mode(frame, args, kwargs):
+    """torch.inference_mode(mode): in the graph, a block with grad mode `not mode` (as c10's
+    InferenceMode sets it: inference_mode(False) turns grad on). Tensors made in it are not inference
+    tensors afterwards, as with torch.compile's aot backends. `torch.inference_mode` without a call (decorating `fn` directly) applies the default."""
+    mode = args[0] if args else kwargs.get("mode", const(True))
+    if not (isinstance(mode, ConstantVariable) and isinstance(mode.value, bool)):
+        return call(frame, GradModeModel().attribute(frame, GradModeVariable(False, torch.inference_mode), "__call__"),
+                    [mode], {})
+    return GradModeVariable(not mode.value, torch.inference_mode)
+
+
+def _grad_mode(cls):
+    """torch.no_grad() / enable_grad(); `torch.no_grad(fn)` (no call) decorates fn, as torch's
+    _NoParamDecoratorContextManager.__new__ does."""
+    def construct(frame, args, kwargs):
+        mode = GradModeVariable(cls is torch.enable_grad, cls)
+        if args:
+            return call(frame, GradModeModel().attribute(frame, mode, "__call__"), list(args), {})
+        return mode
+    return construct
+
+
+def _set_grad_enabled_now(frame, args, kwargs):
+    """torch._C._set_grad_enabled(b) (a user context manager's __enter__/__exit__, set_grad_enabled's
+    decorator): switches grad mode in the graph, as set_grad_enabled does."""
+    frame.og.set_grad_enabled(bool(const_value(args[0] if args else kwargs["enabled"], "grad mode")))
+    return const(None)
+
+
+objects.CONSTRUCTORS[torch.inference_mode] = _inference_mode
+objects.CONSTRUCTORS[torch.no_grad] = _grad_mode(torch.no_grad)
+objects.CONSTRUCTORS[torch.enable_grad] = _grad_mode(torch.enable_grad)
+BUILTIN_HANDLERS[torch._C._set_grad_enabled] = _set_grad_enabled_now
