@@ -561,12 +561,31 @@ def _b_abs(frame, args, kwargs):
 
 
 def _b_minmax(fn):
+    sym = torch.sym_max if fn is max else torch.sym_min
+
     def handler(frame, args, kwargs):
         items = unpack_iterable(frame, args[0]) if len(args) == 1 else list(args)
         if any(isinstance(i, TensorVariable) for i in items):
             raise Unsupported(f"{fn.__name__}() over tensors needs their data")
+        if not kwargs and _same_number_kind(items):  # max(0, n - k) of a dynamic size: no specialization
+            result = items[0]
+            for item in items[1:]:
+                result = frame.og.call_op("call_function", sym, [result, item], {})
+            return result
         return fold_natively(frame.og, fn, [ListVariable(items)], kwargs)
     return handler
+
+
+def _same_number_kind(items):
+    """Symbolic numbers, all ints (bools count) or all floats: torch.sym_max/sym_min of them gives what
+    max()/min() give (with ints and floats mixed, sym_max returns a float where max keeps an int)."""
+    kinds = {_NUMBER_KINDS.get(type(i.value)) if isinstance(i, (SymNodeVariable, ConstantVariable)) else None
+             for i in items}
+    return len(items) > 1 and len(kinds) == 1 and None not in kinds and \
+        any(isinstance(i, SymNodeVariable) for i in items)
+
+
+_NUMBER_KINDS = {int: int, bool: int, torch.SymInt: int, float: float, torch.SymFloat: float}
 
 
 def _b_isinstance_sub(frame, args, kwargs):

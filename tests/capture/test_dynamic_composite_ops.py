@@ -1,10 +1,12 @@
 """Composite ops on symbolic sizes stay symbolic: F.pad with a pad that depends on nothing but constants,
-and baddbmm over a symbolic batch of rows, compile once for every sequence length after the first
+baddbmm over a symbolic batch of rows, and min()/max() of sizes (torch.sym_min/sym_max), compile once for every sequence length after the first
 (static, then automatic dynamic), equal to eager. They used to pin the size to its current value and
-recompile for every length (MobileBERT; Bloom's attention)."""
+recompile for every length (MobileBERT; Bloom's attention; MPT's position bias)."""
+import pytest
 import torch
 import torch.nn.functional as F
 
+import kiln
 from tests.utils import check_calls
 
 LENGTHS = (8, 12, 17, 20)
@@ -43,3 +45,46 @@ def test_baddbmm_with_broadcast_bias():
 def test_pad_dynamic_true_one_compile():
     calls = [(torch.randn(2, n, 4),) for n in LENGTHS]
     check_calls(shifted_neighbours, calls, graphs=1, dynamic=True)
+
+
+def bias_window(x, bias):
+    """MPT's attention: a position bias longer than the sequence, sliced from max(0, rows - length)."""
+    start = max(0, bias.size(1) - x.shape[1])
+    return x + bias[:, start:start + x.shape[1]], start
+
+
+def capped_lengths(x):
+    """min/max of sizes and constants, over arguments and over a list; the cap (16) is crossed at 17.
+    (Not a slice end: slicing to a Min guards on whether it reaches the end, in torch.compile too.)"""
+    n = min(x.shape[1], 16)
+    widest = max([x.shape[0], x.shape[1], 3])
+    return x * n + widest, n, widest
+
+
+def test_max_of_a_size_as_a_slice_start():
+    calls = [(torch.randn(2, n), torch.randn(2, 24)) for n in LENGTHS]
+    check_calls(bias_window, calls, graphs=2)
+
+
+def test_min_max_of_sizes_stay_symbolic():
+    calls = [(torch.randn(2, n),) for n in LENGTHS]
+    check_calls(capped_lengths, calls, graphs=2)
+
+
+def test_min_max_of_sizes_return_ints():
+    compiled = kiln.compile(capped_lengths, backend="eager", dynamic=True)
+    for n in (8, 20):
+        _, cap, widest = compiled(torch.randn(2, n))
+        assert (type(cap), type(widest)) == (int, int) and (cap, widest) == (min(n, 16), n)
+
+
+@pytest.mark.torch_differs("torch.compile returns 3.0 for max(3, 2.5) (torch.sym_max promotes to float)")
+def test_max_of_an_int_size_and_a_float_keeps_python_types():
+    """max(n, 2.5) is an int when n wins and a float when 2.5 wins (torch.sym_max would give floats):
+    eager's values and types."""
+    def fn(x):
+        return x * 2, max(x.shape[0], 2.5), min(x.shape[0], 2.5)
+    compiled = kiln.compile(fn, backend="eager")
+    for n in (1, 3, 5, 7):
+        got, want = compiled(torch.randn(n)), fn(torch.randn(n))
+        assert got[1:] == want[1:] and [type(v) for v in got[1:]] == [type(v) for v in want[1:]]
