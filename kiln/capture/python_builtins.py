@@ -588,6 +588,16 @@ def _same_number_kind(items):
 _NUMBER_KINDS = {int: int, bool: int, torch.SymInt: int, float: float, torch.SymFloat: float}
 
 
+def _b_slice(frame, args, kwargs):
+    """slice(stop) / slice(start, stop[, step]) as the BUILD_SLICE opcode makes it: with a symbolic
+    bound it stays symbolic (a tensor indexed by it keeps the size dynamic), not pinned to its value."""
+    parts = [const(None), *args] if len(args) == 1 else list(args)
+    if kwargs or not 2 <= len(parts) <= 3 or \
+            not all(p.is_constant() or isinstance(p, SymNodeVariable) for p in parts):
+        return fold_natively(frame.og, slice, args, kwargs)  # (and CPython's TypeError for wrong arguments)
+    return frame.make_slice(parts)
+
+
 def _b_isinstance_sub(frame, args, kwargs):
     return const(issubclass(const_value(args[0]), const_value(args[1])))
 
@@ -735,7 +745,7 @@ BUILTIN_HANDLERS = {
     sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _extremum(min), max: _extremum(max),
     super: _b_super, print: _b_print, callable: _b_callable, id: _b_id, abs: _b_abs,
     int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _text_of(str, "__str__"),
-    round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
+    round: _b_numeric(round), range: _b_numeric(range), slice: _b_slice, divmod: _b_numeric(divmod),
     pow: _b_numeric(pow), repr: _text_of(repr, "__repr__"), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
     complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,

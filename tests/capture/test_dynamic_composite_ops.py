@@ -88,3 +88,36 @@ def test_max_of_an_int_size_and_a_float_keeps_python_types():
     for n in (1, 3, 5, 7):
         got, want = compiled(torch.randn(n)), fn(torch.randn(n))
         assert got[1:] == want[1:] and [type(v) for v in got[1:]] == [type(v) for v in want[1:]]
+
+
+def three_shifted_windows(x, block=5):
+    """LongT5's local attention: the length padded to whole blocks, blocks padded by one on each side,
+    and three windows cut with slice() objects kept in a list (not the slice syntax)."""
+    x = F.pad(x, (0, 0, 0, -x.shape[1] % block))
+    blocks = x.reshape(x.shape[0], x.shape[1] // block, block, x.shape[2])
+    count = blocks.shape[1]
+    padded = F.pad(blocks, (0, 0, 0, 0, 1, 1))
+    windows = []
+    for i in range(3):
+        index = [slice(0, None)] * padded.ndim
+        index[1] = slice(i, i + count)
+        windows.append(padded[tuple(index)])
+    return torch.cat(windows, dim=2)
+
+
+def slice_objects_of_sizes(x, items):
+    n = x.shape[0]
+    head, tail, every_other = slice(n // 2), slice(n // 2, None), slice(0, n, 2)
+    return x[head] + x[tail][: n // 2], x[every_other], items[head], (head.stop, tail.start)
+
+
+def test_slice_objects_with_symbolic_bounds():
+    calls = [(torch.randn(2, n, 3),) for n in LENGTHS]
+    check_calls(three_shifted_windows, calls, graphs=2)
+
+
+def test_slice_objects_index_tensors_and_lists():
+    """slice(stop), slice(start, None) and slice(start, stop, step) of a size index tensors
+    symbolically; a Python list indexed by one, and its bounds read back, give eager's values."""
+    calls = [(torch.randn(n), list(range(20))) for n in (8, 12, 16)]
+    check_calls(slice_objects_of_sizes, calls)
