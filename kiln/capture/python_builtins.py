@@ -610,6 +610,21 @@ def _b_numeric(fn):
     return handler
 
 
+def _number_of(fn):
+    """int() / float() of a symbolic size or number stays symbolic (torch.sym_int truncates as int()
+    does; int of a SymInt is itself): `int(h // 8 * 2 - 1)` must not pin the image size."""
+    fallback = _b_numeric(fn)
+
+    def handler(frame, args, kwargs):
+        v = args[0] if len(args) == 1 and not kwargs else None
+        if not isinstance(v, SymNodeVariable) or isinstance(v.value, torch.SymBool):
+            return fallback(frame, args, kwargs)
+        if fn is int and isinstance(v.value, torch.SymInt):
+            return v
+        return frame.og.call_op("call_function", torch.sym_int if fn is int else torch.sym_float, [v], {})
+    return handler
+
+
 def _b_map(frame, args, kwargs):
     if kwargs:  # (map(strict=...) is Python 3.14's)
         raise Unsupported("map() takes no keyword arguments", python_exception=TypeError(
@@ -744,7 +759,7 @@ BUILTIN_HANDLERS = {
     tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_frozenset,
     sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _extremum(min), max: _extremum(max),
     super: _b_super, print: _b_print, callable: _b_callable, id: _b_id, abs: _b_abs,
-    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _text_of(str, "__str__"),
+    int: _number_of(int), float: _number_of(float), bool: _b_numeric(bool), str: _text_of(str, "__str__"),
     round: _b_numeric(round), range: _b_numeric(range), slice: _b_slice, divmod: _b_numeric(divmod),
     pow: _b_numeric(pow), repr: _text_of(repr, "__repr__"), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,

@@ -1,7 +1,8 @@
 """Composite ops on symbolic sizes stay symbolic: F.pad with a pad that depends on nothing but constants,
-baddbmm over a symbolic batch of rows, and min()/max() of sizes (torch.sym_min/sym_max), compile once for every sequence length after the first
+baddbmm over a symbolic batch of rows, min()/max() (torch.sym_min/sym_max), int()/float() and slice() of
+sizes, compile once for every sequence length after the first
 (static, then automatic dynamic), equal to eager. They used to pin the size to its current value and
-recompile for every length (MobileBERT; Bloom's attention; MPT's position bias)."""
+recompile for every length (MobileBERT; Bloom's attention; MPT's position bias; LongT5's windows; BEiT's bias table)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -121,3 +122,25 @@ def test_slice_objects_index_tensors_and_lists():
     symbolically; a Python list indexed by one, and its bounds read back, give eager's values."""
     calls = [(torch.randn(n), list(range(20))) for n in (8, 12, 16)]
     check_calls(slice_objects_of_sizes, calls)
+
+
+def resized_bias_table(x, table):
+    """BEiT's relative position bias for another image size: the table interpolated to a size computed
+    with int() (transformers' torch_int), and the numbers returned."""
+    side = int(x.shape[1] // 8 * 2 - 1)
+    third = float(x.shape[1]) / 3
+    resized = F.interpolate(table[None, None], size=(int(side), table.shape[1]), mode="bilinear")
+    return x[:, :1] + resized.sum(), side, third, int(x.shape[1] / 3)
+
+
+def test_int_and_float_of_sizes_stay_symbolic():
+    calls = [(torch.randn(2, n), torch.randn(5, 4)) for n in (16, 24, 40, 41)]
+    check_calls(resized_bias_table, calls, graphs=2)
+
+
+def test_int_and_float_of_sizes_keep_python_types():
+    compiled = kiln.compile(resized_bias_table, backend="eager", dynamic=True)
+    for n in (16, 41):
+        x, table = torch.randn(2, n), torch.randn(5, 4)
+        got, want = compiled(x, table)[1:], resized_bias_table(x, table)[1:]
+        assert got == want and [type(v) for v in got] == [type(v) for v in want]
