@@ -8,7 +8,6 @@ through the runtime. Generated as Python source so KILN_LOGS=bytecode shows some
 import collections
 import functools
 import inspect
-import math
 import types
 
 import torch
@@ -23,13 +22,12 @@ from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVari
                                     ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable)
 from kiln.capture.graph_builder import python_expr
+from kiln.capture.guards import SYMPY_PRINTER_NAMES
 from kiln.capture.objects import key_var
 from kiln.exc import Unsupported
 
 _LITERAL_TYPES = (int, bool, str, type(None), bytes)
 _SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
-# what symbolic numbers printed as Python (graph_builder.python_expr) call: torch.sym_float, math.trunc
-_SYMPY_PRINTER_NAMES = {"torch": torch, "math": math}
 
 
 MUTATION_WRITERS = []  # fn(glue, container, target) -> [(format, value Variable or None)] or None (not its kind)
@@ -332,7 +330,7 @@ class Glue:
         uses_g = any("G[" in line for line in lines)
         body = (["G = F.__globals__"] if uses_g else []) + lines
         src = "def __kiln_entry(F, L):\n" + "".join(f"    {line}\n" for line in body)
-        ns = {**_SYMPY_PRINTER_NAMES, **self.ctx.consts}
+        ns = {**SYMPY_PRINTER_NAMES, **self.ctx.consts}
         exec(compile(src, "<kiln glue>", "exec"), ns)
         return ns["__kiln_entry"], src
 
