@@ -372,3 +372,20 @@ def test_same_tensor_passed_twice(backend):
     def fn(x):
         return MulAdd.apply(x, x, x * 2)
     check_training(fn, torch.randn(5), backend=backend)
+
+
+scaled_tanh = ScaledTanh.apply  # the common alias; a C method on torch >= 2.14: a new object at each read
+
+
+def test_apply_read_each_call_compiles_once():
+    """`ScaledTanh.apply` read from the class (a new bound method at each read on torch >= 2.14) and
+    through an alias: guarded by equality (same class, same function), not identity, so later calls
+    reuse the compiled code."""
+    def fn(x):
+        return scaled_tanh(x, 0.5) * ScaledTanh.apply(x)
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert counter.frame_count == 1
