@@ -717,7 +717,7 @@ def getattr_var(frame, obj, name):
         if name in obj.attrs:
             return obj.attrs[name]
         cls = obj.python_type()
-        if cls not in (list, tuple, dict, set) and not hasattr(cls, "_fields"):
+        if cls not in (list, tuple, dict, set):  # (a namedtuple's own methods too: user methods of a NamedTuple)
             defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
             if defined or (not hasattr(cls.__mro__[-2], name) and _python_dunder(cls, "__getattr__")):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
