@@ -1114,7 +1114,7 @@ def _is_torch_op(fn):
     if isinstance(fn, types.FunctionType):
         if not mod.startswith("torch"):
             return False
-        if mod.startswith(("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim")):
+        if mod.startswith(("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim", "torch.distributions")):
             return False
         return "." not in fn.__qualname__ or mod == "torch._tensor"
     if isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
@@ -1304,7 +1304,7 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return fold_natively(og, cls, args, kwargs)
     if cls in (operator.itemgetter, operator.attrgetter, functools.partial):
         return fold_natively(og, cls, args, kwargs)
-    if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
+    if cls.__module__ == "builtins" or cls.__module__.startswith("torch") and not _python_library_class(cls):
         if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or cls.__module__ == "builtins":
             return fold_natively(og, cls, args, kwargs)
         raise Unsupported(f"constructing {cls.__qualname__}")
@@ -1334,6 +1334,11 @@ def _construct(frame, cls_var, cls, args, kwargs):
     elif args or kwargs:
         raise Unsupported(f"constructing {cls.__qualname__} with arguments")
     return obj
+
+
+def _python_library_class(cls):
+    """A class of torch's written in Python that capture follows like user code (torch.distributions)."""
+    return cls.__module__.startswith("torch.distributions.")
 
 
 def _construct_module(frame, cls, args, kwargs):

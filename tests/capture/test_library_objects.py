@@ -457,3 +457,25 @@ def test_weakref_made_in_frame_is_returned_as_one():
     x = t(2)
     out, ref = kiln.compile(lambda a: (a + 1, weakref.ref(a)), backend=CompileCounter(), fullgraph=True)(x)
     assert ref() is x
+
+
+# ---- torch.distributions: classes written in Python, followed like user code ----------------------------------
+def distribution_log_prob(loc, scale):
+    normal = torch.distributions.Normal(loc, scale, validate_args=False)
+    joint = torch.distributions.Independent(normal, 1, validate_args=False)
+    return joint.log_prob(loc * 2), normal.mean, normal.stddev, joint.entropy()
+
+
+def test_distribution_made_in_frame_one_graph():
+    check_graphs(distribution_log_prob, t(3), torch.rand(3) + 0.5, graphs=1, fullgraph=True)
+
+
+def test_distribution_argument_validation_still_raises():
+    def fn(loc, scale):
+        return torch.distributions.Normal(loc, scale).log_prob(loc)
+
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    loc = t(3)
+    torch.testing.assert_close(compiled(loc, torch.ones(3)), fn(loc, torch.ones(3)))
+    with pytest.raises(ValueError):
+        compiled(t(3), -torch.ones(3))  # a negative scale: eager's validation error
