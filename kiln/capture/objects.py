@@ -1071,7 +1071,15 @@ def readonly_dict_view(frame, obj, fn):
     return DictVariable({k: frame.og.wrap(dict.__getitem__(value, k), ItemSource(obj.source, k)) for k in value})
 
 
+def _refuse_new_leaf(frame, what, kwargs):
+    """A tensor made with requires_grad=True is a new autograd leaf: graphs traced into aot (backward
+    included) return plain tensors, so it is made outside the graph, as torch.compile does."""
+    if "requires_grad" in kwargs and truth(frame, kwargs["requires_grad"]):
+        raise Unsupported(f"{what}(requires_grad=True) makes a new autograd leaf")
+
+
 def _tensor_method(frame, t, name, args, kwargs):
+    _refuse_new_leaf(frame, f"Tensor.{name}", kwargs)
     if name in TENSOR_METHODS:
         return TENSOR_METHODS[name](frame, t, args, kwargs)
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
@@ -1079,6 +1087,8 @@ def _tensor_method(frame, t, name, args, kwargs):
         if name == "__len__":
             return builtin_len(frame, [t], {})
         raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
+    if name == "requires_grad_":  # a new autograd leaf, or a changed flag: made outside the graph (as
+        raise Unsupported("Tensor.requires_grad_() changes what autograd tracks")  # torch.compile does)
     return frame.og.call_op("call_method", name, [t] + list(args), kwargs)
 
 
@@ -1151,6 +1161,7 @@ def call_torch(frame, fn, args, kwargs):
         raise Unsupported(f"torch.{name} changes global state")
     if any(isinstance(a, (FunctionVariable, MethodVariable)) for a in _leaves(args, kwargs)):
         raise Unsupported(f"torch function {name} called with a Python function argument")
+    _refuse_new_leaf(frame, f"torch.{name}", kwargs)
     if not has_tensor:
         # a query (dispatch state, flags) must see the real state, not capture's fake mode; a factory
         # (torch.zeros) must become a node: the fake run tells which, without touching real RNG state
