@@ -5,6 +5,7 @@ a graph break at that instruction (a break inside an inlined call breaks at the 
 site, so the callee runs — and is compiled — as a frame of its own). The result is compiled by the
 backend and wrapped in generated glue; see glue.py and resume.py.
 """
+import contextlib
 import dis
 import inspect
 import os
@@ -184,7 +185,8 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=Non
     (set KILN_DEBUG=1 to see it raised instead).
     """
     try:
-        return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims)
+        with _user_autograd_hooks_hidden():
+            return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims)
     except (EagerFrame, KilnError):
         raise
     except Exception as e:
@@ -192,6 +194,25 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=Non
             raise
         raise EagerFrame(f"kiln internal error while capturing {code.co_qualname}: "
                          f"{type(e).__name__}: {e}") from e
+
+
+def _unchanged(t):
+    return t
+
+
+@contextlib.contextmanager
+def _user_autograd_hooks_hidden():
+    """Capture and the backend run ops only to trace them. The program's saved-tensor hooks
+    (torch.autograd.graph.saved_tensors_hooks) are for its own ops, not these: a pair of no-op hooks
+    on top of the stack hides them while compiling."""
+    if not torch._C._autograd._saved_tensors_hooks_is_enabled():  # (a transform disabled them)
+        yield
+        return
+    torch._C._autograd._push_saved_tensors_default_hooks(_unchanged, _unchanged)
+    try:
+        yield
+    finally:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
 
 
 def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
