@@ -239,10 +239,16 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
     for expr in shape_guards(og):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
-    entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src,
+    entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, _detached(reason), glue_src, guard_src,
                        [(s, tuple(t.shape)) for s, t, _ in og.inputs])
     _log_entry(code, entry, og)
     return entry
+
+
+def _detached(reason):
+    """The break reason an entry keeps (for explain) without its traceback, whose frames hold the whole
+    capture and through it the program's objects (an optimizer and its state, for as long as the cache)."""
+    return None if reason is None else Unsupported(reason.msg, where=reason.where)
 
 
 def _compile_graph(og, glue, backend, code):

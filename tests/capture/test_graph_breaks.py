@@ -545,3 +545,35 @@ def test_python_state_read_after_break_not_stale(capsys):
     for scale in (1.0, 3.0, -2.0):
         settings["scale"] = scale
         torch.testing.assert_close(compiled(x), f(x))
+
+
+class _Stepper:
+    def __init__(self):
+        self.state = torch.ones(3)
+
+    def step(self, x):
+        self.state.add_(x)
+        print("stepped")  # a graph break inside a method of the object
+        return self.state * 2
+
+
+STEPPER = _Stepper()
+
+
+def steps_the_global_stepper(x):
+    return STEPPER.step(x) + 1
+
+
+def test_cache_does_not_keep_objects_alive_after_a_break(capsys):
+    """A compiled frame that broke keeps its break reason, not the capture's Python frames (which
+    held every object the frame touched: an optimizer and its state, for as long as the cache)."""
+    import gc
+    import weakref
+    global STEPPER
+    compiled = kiln.compile(steps_the_global_stepper, backend=CompileCounter())
+    torch.testing.assert_close(compiled(torch.ones(3)), torch.full((3,), 5.0))
+    state = weakref.ref(STEPPER.state)
+    STEPPER = None
+    gc.collect()
+    assert state() is None
+    STEPPER = _Stepper()
