@@ -203,6 +203,25 @@ def build_hf_bert():
     return Case(model, lambda m: m(input_ids=ids, attention_mask=mask, return_dict=False))
 
 
+def _zoo(name, length=128, batch=4):
+    """An architecture of bench/zoo.py at 4x the test size (hidden 256), random weights: `length` tokens
+    per sequence (for a vision model: images of that side, or that many images for ViT)."""
+    @_seeded
+    def build():
+        from bench.zoo import BY_NAME, output_tensors
+        arch = BY_NAME[name]
+        model = arch.build(scale=4)
+        inputs = arch.inputs(length, batch=batch)
+        if arch.kind == "decoder":
+            inputs["use_cache"] = False  # the compute, not the cache objects
+        return Case(model, lambda m: output_tensors(m(**inputs)))
+    build.__name__ = f"build_zoo_{name}"
+    return build
+
+
+ZOO_WORKLOADS = [("llama", 128), ("bloom", 128), ("t5", 128), ("deberta_v2", 128), ("vit", 16)]
+
+
 # ---------------------------------------------------------------- training (issue 5)
 
 def _training_step(inputs, target):
@@ -305,6 +324,9 @@ WORKLOADS = [
              needs=("transformers",)),
     Workload("hf_bert", "HF BertModel, 2 layers, dim 256, random weights, 4x128 ids", build_hf_bert,
              needs=("transformers",)),
+    *[Workload(f"zoo_{name}", f"HF {name} from bench/zoo.py, hidden 256, 2 layers, random weights, "
+               + (f"{length} images 32x32" if name == "vit" else f"4x{length} tokens"), _zoo(name, length),
+               needs=("transformers",)) for name, length in ZOO_WORKLOADS],
     Workload("mlp_train", "MLP training step (fwd, MSE, bwd), batch 256", build_mlp_train, kind="training"),
     Workload("gpt2_block_train", "GPT-2-style block training step, 4x128 tokens", build_gpt2_block_train,
              kind="training"),

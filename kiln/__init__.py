@@ -4,8 +4,8 @@ from kiln.backends import list_backends, register_backend
 from kiln.capture.disable import disable
 from kiln.capture.dynamic import mark_dynamic, mark_static
 from kiln.config import config
-from kiln.exc import (BackendCompilerFailed, ConstraintViolation, InvalidArgument, InvalidBackend, KilnError,
-                      Unsupported)
+from kiln.exc import (BackendCompilerFailed, ConstraintViolation, FailOnRecompileLimitHit, InternalError,
+                      InvalidArgument, InvalidBackend, KilnError, Unsupported)
 
 
 def explain(fn, *args, **kwargs):
@@ -16,5 +16,6 @@ def explain(fn, *args, **kwargs):
 
 __all__ = ["compile", "config", "disable", "explain", "list_backends", "list_mode_options", "list_options",
            "mark_dynamic", "mark_static", "register_backend", "reset", "OptimizedModule", "BackendCompilerFailed",
-           "ConstraintViolation", "InvalidArgument", "InvalidBackend", "KilnError", "Unsupported"]
+           "ConstraintViolation", "FailOnRecompileLimitHit", "InternalError", "InvalidArgument", "InvalidBackend",
+           "KilnError", "Unsupported"]
 __version__ = "0.1.0"

@@ -50,9 +50,11 @@ def _check_arguments(model, fullgraph, dynamic, mode, options, disable):
     if options is not None:
         if not isinstance(options, dict):
             raise InvalidArgument(f"options must be a dict, got {type(options).__name__}")
-        unknown = sorted(k for k in options if k not in config_mod.COMPILER_OPTIONS)
+        unknown = sorted((k for k in options if k not in config_mod.COMPILER_OPTIONS), key=repr)
         if unknown:
             raise InvalidArgument(f"unknown option(s) {unknown}; known options: {list_options()}")
+        for name, value in options.items():
+            config_mod.check_value(config_mod.COMPILER_OPTIONS, "option", name, value)
 
 
 def _wrap_function(fn, compiled):
@@ -104,14 +106,41 @@ class OptimizedModule(torch.nn.Module):
             return self._orig_mod(*args, **kwargs)
         return self._compiled_call(*args, **kwargs)
 
+    # the wrapper's own state; every other attribute lives on the original module
+    _own_attributes = frozenset({"_orig_mod", "_compiled_call", "_settings", "forward", "__dict__"})
+
+    @property
+    def training(self):
+        """The original module's mode (one flag, not two that could disagree)."""
+        return self._orig_mod.training
+
+    @training.setter
+    def training(self, mode):
+        orig = self.__dict__.get("_modules", {}).get("_orig_mod")
+        if orig is not None:  # nn.Module.__init__ sets a default before the original is attached
+            orig.training = mode
+
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
 
-    def __dir__(self):  # the original's attributes are reachable through this one (see __getattr__)
-        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
+    def __setattr__(self, name, value):
+        """`cm.x = v` sets x on the original module (as torch.compile's wrapper does), so the compiled
+        code, which reads the original, sees it; names the wrapper's class defines stay its own."""
+        if hasattr(type(self), name) or name in self._own_attributes:
+            return super().__setattr__(name, value)
+        return setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name):
+        if hasattr(type(self), name) or name in self._own_attributes:
+            return super().__delattr__(name)
+        return delattr(self._orig_mod, name)
+
+    def __dir__(self):
+        own = self._orig_mod.__dir__()
+        return own + [name for name in super().__dir__() if name not in own]
 
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
@@ -120,7 +149,7 @@ class OptimizedModule(torch.nn.Module):
 def _unsupported_python(model):
     global _warned_python
     import sys
-    msg = (f"kiln captures CPython {'.'.join(map(str, config_mod.SUPPORTED_PYTHON))} bytecode; "
+    msg = (f"kiln captures CPython {config_mod.supported_pythons_text()} bytecode; "
            f"this is Python {sys.version.split()[0]}, so compiled code runs eagerly")
     if config_mod.config.error_on_unsupported_python:
         raise RuntimeError(msg)

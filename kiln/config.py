@@ -1,35 +1,76 @@
 """kiln's settings.
 
 `kiln.config` holds the capture/runtime settings (cache_size_limit, suppress_errors, ...);
-`COMPILER_OPTIONS` holds the defaults of the compiler options that `kiln.compile(options=...)`
-and `mode=` may set, and `MODE_OPTIONS` what each mode sets.
+`COMPILER_OPTIONS` holds the compiler options that `kiln.compile(options=...)` and `mode=` may set
+(default, what it does, the values it accepts), and `MODE_OPTIONS` what each mode sets. Both tables
+say what values they accept, and a wrong one is refused where it is given, naming the option and
+what it expects (kiln.InvalidArgument), never later inside the compiler.
 """
 import contextlib
+import dataclasses
+import os
 import sys
+
+from kiln.exc import InvalidArgument
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A setting: its default, what it does, and the values it accepts."""
+    default: object
+    doc: str
+    kind: type = bool            # bool, int, or os.PathLike (a str or path)
+    minimum: int | None = None   # ints: the smallest value accepted
+    also: tuple = ()             # other values accepted besides those of `kind` (None, -1)
+
+    def accepts(self, value):
+        if any(value is v or type(value) is type(v) and value == v for v in self.also):
+            return True
+        if self.kind is bool:
+            return type(value) is bool
+        if self.kind is int:
+            return type(value) is int and (self.minimum is None or value >= self.minimum)
+        return isinstance(value, (str, os.PathLike))
+
+    def expected(self):
+        if self.kind is bool:
+            text = "True or False"
+        elif self.kind is int:
+            text = "an int" + (f" >= {self.minimum}" if self.minimum is not None else "")
+        else:
+            text = "a path (str or os.PathLike)"
+        return text + "".join(f" or {v!r}" for v in self.also)
+
+
+def check_value(table, what, name, value):
+    """Raise InvalidArgument unless `value` is one that option `name` of `table` accepts."""
+    option = table[name]
+    if not option.accepts(value):
+        raise InvalidArgument(f"{what} {name!r} must be {option.expected()}, got {value!r} "
+                              f"({type(value).__name__})")
 
 
 class _Config:
     """Settings with a `patch` that works as a context manager and as a decorator."""
 
-    _defaults = {
-        # most compiled entries kept per code object; past that the frame runs eagerly
-        "cache_size_limit": 64,
-        # a backend that raises: False re-raises (wrapped), True runs the frame eagerly with a warning
-        "suppress_errors": False,
-        # inline calls to user functions into the caller's graph
-        "inline_inbuilt_nn_modules": True,
-        # capture .item() into the graph instead of breaking (not yet supported: breaks)
-        "capture_scalar_outputs": False,
-        # dynamic=None: after a size changes, recompile with that dim symbolic
-        "automatic_dynamic_shapes": True,
-        # raise instead of running eagerly when the Python version is not supported
-        "error_on_unsupported_python": False,
-        # print a guard-failure reason when recompiling (also under KILN_LOGS=recompiles)
-        "verbose": False,
+    _settings = {
+        "cache_size_limit": Option(64, "most compiled entries kept per code object; past that the frame runs "
+                                       "eagerly", int, minimum=0),
+        "suppress_errors": Option(False, "a backend that raises: False re-raises (wrapped), True runs the frame "
+                                         "eagerly with a warning"),
+        "inline_inbuilt_nn_modules": Option(True, "inline calls to user functions into the caller's graph"),
+        "capture_scalar_outputs": Option(False, "capture .item() into the graph (a number only the graph knows) "
+                                                "instead of breaking there"),
+        "automatic_dynamic_shapes": Option(True, "dynamic=None: after a size (or an int/float argument) changes, "
+                                                 "recompile with it symbolic"),
+        "error_on_unsupported_python": Option(False, "raise instead of running eagerly when the Python version "
+                                                     "is not supported"),
+        "verbose": Option(False, "print a guard-failure reason when recompiling (also under "
+                                 "KILN_LOGS=recompiles)"),
     }
 
     def __init__(self):
-        object.__setattr__(self, "_values", dict(self._defaults))
+        object.__setattr__(self, "_values", {name: o.default for name, o in self._settings.items()})
 
     def __getattr__(self, name):
         try:
@@ -38,9 +79,13 @@ class _Config:
             raise AttributeError(f"kiln.config has no setting {name!r}; settings: {sorted(self._values)}") from None
 
     def __setattr__(self, name, value):
+        self._check(name, value)
+        self._values[name] = value
+
+    def _check(self, name, value):
         if name not in self._values:
             raise AttributeError(f"kiln.config has no setting {name!r}; settings: {sorted(self._values)}")
-        self._values[name] = value
+        check_value(self._settings, "kiln.config setting", name, value)
 
     def __dir__(self):
         return sorted(self._values)
@@ -54,8 +99,8 @@ class _Config:
             changes.update(arg)
         elif arg is not None:
             changes[arg] = value
-        for name in changes:
-            getattr(self, name)  # unknown names fail here, before anything changes
+        for name, value in changes.items():
+            self._check(name, value)  # unknown names and wrong values fail here, before anything changes
         return _Patch(self, changes)
 
 
@@ -77,24 +122,29 @@ class _Patch(contextlib.ContextDecorator):
 
 config = _Config()
 
-# Compiler options: name -> (default, what it does). `kiln.list_options()` lists the names.
+# Compiler options: name -> Option. `kiln.list_options()` lists the names.
 COMPILER_OPTIONS = {
-    "epilogue_fusion": (True, "fuse pointwise consumers into reductions"),
-    "max_autotune": (False, "benchmark candidate kernels and keep the fastest"),
-    "coordinate_descent_tuning": (False, "tune kernel parameters by coordinate descent"),
-    "fallback_random": (False, "run random ops through aten so results equal eager under one seed"),
-    "shape_padding": (False, "pad matmul shapes to faster sizes"),
-    "freezing": (False, "treat parameters as constants (inference)"),
-    "cpp.threads": (-1, "OpenMP threads for generated kernels (-1: torch.get_num_threads())"),
-    "cpp.simdlen": (None, "SIMD width hint for generated loops"),
-    "cpp.min_parallel_work": (32768, "elements below which a kernel runs single-threaded"),
-    "triton.cudagraphs": (False, "capture GPU graphs with CUDA graphs"),
-    "trace.enabled": (False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
-    "trace.graph_diagram": (False, "draw the fused schedule as a diagram in the debug folder"),
-    "trace.debug_dir": (None, "where trace.enabled writes (default ./kiln_debug)"),
-    "debug": (False, "extra checks in the compiler"),
-    "graph_cache": (True, "keep compiled graphs in KILN_CACHE_DIR/graphs: a fresh process skips aot, lowering "
-                          "and codegen for a graph it compiled before (inference graphs with static sizes)"),
+    "epilogue_fusion": Option(True, "fuse pointwise consumers into reductions"),
+    "max_autotune": Option(False, "benchmark candidate kernels and keep the fastest"),
+    "coordinate_descent_tuning": Option(False, "tune kernel parameters by coordinate descent"),
+    "fallback_random": Option(False, "run random ops through aten so results equal eager under one seed"),
+    "shape_padding": Option(False, "pad matmul shapes to faster sizes"),
+    "freezing": Option(False, "treat parameters as constants (inference)"),
+    "cpp.threads": Option(-1, "OpenMP threads for generated kernels (-1: torch.get_num_threads())", int,
+                          minimum=1, also=(-1,)),
+    "cpp.simdlen": Option(None, "SIMD width hint for generated loops", int, minimum=1, also=(None,)),
+    "cpp.min_parallel_work": Option(32768, "elements below which a kernel runs single-threaded", int, minimum=0),
+    "triton.cudagraphs": Option(False, "capture GPU graphs with CUDA graphs"),
+    "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
+    "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder"),
+    "trace.debug_dir": Option(None, "where trace.enabled writes (default ./kiln_debug)", os.PathLike, also=(None,)),
+    "debug": Option(False, "extra checks in the compiler"),
+    "debug_bounds_checks": Option(False, "generated kernels check every load and store against their buffer and "
+                                         "raise naming it (a kiln bug) instead of touching other memory; the "
+                                         "default is on when the environment sets KILN_BOUNDS_CHECK=1"),
+    "graph_cache": Option(True, "keep compiled graphs in KILN_CACHE_DIR/graphs: a fresh process skips aot, "
+                                "lowering and codegen for a graph it compiled before (inference graphs with static "
+                                "sizes)"),
 }
 
 MODE_OPTIONS = {
@@ -105,16 +155,31 @@ MODE_OPTIONS = {
 }
 
 
+def bounds_checks_default():
+    """debug_bounds_checks when no option sets it: KILN_BOUNDS_CHECK=1 in the environment (read when
+    compiling, so a test run can turn it on for every compile)."""
+    return os.environ.get("KILN_BOUNDS_CHECK", "") not in ("", "0")
+
+
 def compiler_options(mode=None, options=None):
     """The full option dict for one compile: defaults, then the mode's, then the user's."""
-    resolved = {name: default for name, (default, _) in COMPILER_OPTIONS.items()}
+    resolved = {name: option.default for name, option in COMPILER_OPTIONS.items()}
+    resolved["debug_bounds_checks"] = bounds_checks_default()
     resolved.update(MODE_OPTIONS[mode or "default"])
     resolved.update(options or {})
     return resolved
 
 
-SUPPORTED_PYTHON = (3, 11)
+# the CPython versions whose bytecode capture runs (kiln/capture/bytecode_facts.py holds what differs
+# between them); on any other version kiln.compile warns and runs the model eagerly
+SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
 
 
 def python_supported():
-    return sys.version_info[:2] == SUPPORTED_PYTHON
+    return sys.version_info[:2] in SUPPORTED_PYTHONS
+
+
+def supported_pythons_text():
+    """'3.11, 3.12 and 3.13'"""
+    names = [".".join(map(str, v)) for v in SUPPORTED_PYTHONS]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]

@@ -1,14 +1,19 @@
-"""kiln's exceptions: every error a user can see from kiln is one of these."""
+"""kiln's exceptions: every error a user can see from kiln is one of these.
+
+They are RuntimeErrors, as torch.compile's are (its graph-break, backend and argument errors all
+subclass RuntimeError), so code written against torch.compile (`except RuntimeError`) works unchanged.
+"""
 
 
-class KilnError(Exception):
+class KilnError(RuntimeError):
     """Base class of kiln's own errors."""
 
 
 class InvalidArgument(KilnError, ValueError, TypeError):
     """Bad input to a public function: an unknown backend, mode or option, a wrong type.
 
-    It is both a ValueError and a TypeError, so callers catching either see it.
+    It is a RuntimeError (what torch.compile raises for an unknown mode or option) and also a
+    ValueError and a TypeError, so callers catching any of them see it.
     """
 
 
@@ -30,6 +35,12 @@ class Unsupported(KilnError):
         super().__init__(f"{msg} (at {where})" if where else msg)
 
 
+class InternalError(KilnError):
+    """kiln failed on a program it should handle (a bug in kiln; the cause is chained). Without
+    fullgraph the frame runs eagerly instead (logged under KILN_LOGS=graph_breaks); under
+    fullgraph=True, which promises one graph or an error, it is raised."""
+
+
 class BackendCompilerFailed(KilnError):
     """A backend raised while compiling a graph; the cause is chained."""
 
@@ -37,6 +48,12 @@ class BackendCompilerFailed(KilnError):
         self.backend_name = backend_name
         self.cause = cause
         super().__init__(f"backend {backend_name!r} raised {type(cause).__name__}: {cause}")
+
+
+class FailOnRecompileLimitHit(Exception):
+    """Under fullgraph=True a frame that reaches kiln.config.cache_size_limit raises this instead of
+    running eagerly. Like torch.compile's error of the same name it is not a RuntimeError (nor a
+    KilnError): an `except RuntimeError` meant for graph breaks does not swallow it."""
 
 
 class ConstraintViolation(KilnError):

@@ -148,3 +148,26 @@ def test_reset_is_callable_and_compiled_still_correct():
     torch.testing.assert_close(f(x), x + 1)
     kiln.reset()
     torch.testing.assert_close(f(x), x + 1)
+
+
+def test_python_outside_the_supported_set_warns_and_runs_eagerly(monkeypatch):
+    import kiln.api
+    config_mod = kiln.api.config_mod  # the module (kiln.config is the settings object)
+    monkeypatch.setattr(config_mod, "SUPPORTED_PYTHONS", ((3, 8), (3, 9)))  # as if this Python were 3.14
+    monkeypatch.setattr(kiln.api, "_warned_python", False)
+
+    def fn(x):
+        return x + 1
+    with pytest.warns(RuntimeWarning, match=r"kiln captures CPython 3\.8 and 3\.9 bytecode; this is Python "
+                                            r".*, so compiled code runs eagerly"):
+        compiled = kiln.compile(fn)
+    assert compiled is fn
+    with kiln.config.patch(error_on_unsupported_python=True), pytest.raises(RuntimeError, match="runs eagerly"):
+        kiln.compile(fn)
+
+
+def test_supported_pythons_include_this_one():
+    import kiln.api
+    config_mod = kiln.api.config_mod
+    assert config_mod.python_supported()
+    assert config_mod.supported_pythons_text() == "3.11, 3.12 and 3.13"

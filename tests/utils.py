@@ -23,6 +23,25 @@ class CompileCounter:
         self.graphs.clear()
 
 
+def counting_backend(backend=None):
+    """A CompileCounter that also compiles each graph with `backend` (a name; None or "eager": the graph
+    runs as captured). Under KILN_TEST_PEER=torch, torch's counterpart."""
+    import os
+    if backend in (None, "eager"):
+        return CompileCounter()
+    if os.environ.get("KILN_TEST_PEER") == "torch":
+        from torch._dynamo.testing import CompileCounterWithBackend
+        return CompileCounterWithBackend(backend)
+    from kiln.backends.registry import lookup_backend
+    inner = lookup_backend(backend)
+
+    class Counting(CompileCounter):
+        def __call__(self, gm, example_inputs):
+            super().__call__(gm, example_inputs)
+            return inner(gm, example_inputs)
+    return Counting()
+
+
 def clone_args(args):
     """Deep copies of the arguments (tensors cloned, requires_grad kept) so eager and compiled runs
     see equal but independent inputs."""
@@ -92,7 +111,9 @@ def use_torch_peer():
         return
 
     class PeerConfig:
-        _names = {"cache_size_limit": "recompile_limit", "suppress_errors": "suppress_errors"}
+        _names = {"cache_size_limit": "recompile_limit", "suppress_errors": "suppress_errors",
+                  "capture_scalar_outputs": "capture_scalar_outputs",
+                  "automatic_dynamic_shapes": "automatic_dynamic_shapes"}
 
         def patch(self, **changes):
             return torch._dynamo.config.patch(**{self._names[k]: v for k, v in changes.items()})

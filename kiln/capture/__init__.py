@@ -3,14 +3,14 @@
 `optimize(model, backend)` returns the compiled callable; `reset()` forgets every cache entry.
 Modules: runtime (caches, hot path), convert (one frame -> entry), interpreter + objects +
 python_builtins (symbolic execution), variables, sources, guards, graph_builder, side_effects,
-glue, resume; dynamic (which dims are symbolic: marks, dynamic=, automatic dynamic) and shape_watch
+glue, resume; autograd_function (Function.apply traced; subgraphs closes its graphs); dynamic (which dims are symbolic: marks, dynamic=, automatic dynamic) and shape_watch
 (which user line made each shape guard; errors for marked dims forced static).
 """
 import types
 
 import torch
 
-from kiln.capture import resume, runtime
+from kiln.capture import autograd_function, eager_frames, resume, runtime  # noqa: F401 (they install themselves)
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):

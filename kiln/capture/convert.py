@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from kiln import config as config_mod
+from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
 from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, library_models,
@@ -23,20 +24,21 @@ from kiln.capture import (class_creation, collections_models, container_subclass
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
+from kiln.capture.objects import const_value
 from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
-from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
+from kiln.exc import BackendCompilerFailed, InternalError, KilnError, Unsupported
 
-_JUMPS = {"POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE",
-          "POP_JUMP_BACKWARD_IF_FALSE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"}
+_JUMPS = facts.TRUTH_JUMPS
 # single instructions a break can run natively in the glue: opname -> number of stack values popped
 _NATIVE_OPS = {
     "BINARY_SUBSCR": 2, "COMPARE_OP": 2, "BINARY_OP": 2, "UNARY_NEGATIVE": 1, "UNARY_POSITIVE": 1,
     "UNARY_INVERT": 1, "UNARY_NOT": 1, "STORE_SUBSCR": 3, "STORE_ATTR": 2, "LOAD_ATTR": 1, "LOAD_METHOD": 1,
-    "GET_ITER": 1, "CONTAINS_OP": 2,
+    "GET_ITER": 1, "CONTAINS_OP": 2, "BINARY_SLICE": 3, "STORE_SLICE": 4,
 }
+_CALLS = ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | \
     inspect.CO_ITERABLE_COROUTINE
 
@@ -52,12 +54,15 @@ class EagerCall(EagerFrame):
 
 class CacheEntry:
     __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
-                 "input_shapes")
+                 "input_values", "liveness", "__weakref__")
 
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_shapes):
+    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_values,
+                 liveness):
         self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
         self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
-        self.input_shapes = input_shapes  # (Source, size) of each tensor input, for automatic dynamic
+        # (Source, size tuple of a tensor input or value of a number folded in), for automatic dynamic
+        self.input_values = input_values
+        self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
 
 
 class _Break:
@@ -68,9 +73,9 @@ class _Break:
 
 
 class Capture:
-    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamic_dims):
+    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamism):
         self.F, self.L, self.code, self.fullgraph = F, L, code, fullgraph
-        self.backend_for_glue, self.dynamic, self.dynamic_dims = backend, dynamic, dynamic_dims
+        self.backend_for_glue, self.dynamic, self.dynamism = backend, dynamic, dynamism
         self.break_at = None
         self.break_reason = None
         self.requested = None
@@ -82,7 +87,7 @@ class Capture:
         if self.code.co_flags & _GENERATOR_FLAGS:
             raise self._cannot("generators and coroutines run eagerly")
         for _ in range(3):
-            self.og = OutputGraph(self.code.co_name, self.dynamic_dims)
+            self.og = OutputGraph(self.code.co_name, self.dynamism)
             self.steps, self.requested = 0, None
             frame = interp.root_frame(self, self.F, self.L, self.code)
             try:
@@ -101,7 +106,7 @@ class Capture:
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
                 if why_not:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
-                self.break_at, self.break_reason = inst.offset, e
+                self.break_at, self.break_reason = inst.offset, _detached(e)
             finally:
                 self.og.leave_contexts()
         raise EagerFrame("capture did not settle")
@@ -120,12 +125,20 @@ class Capture:
         return _Break(frame, inst, self.break_reason)
 
 
+def _detached(error):
+    """`error` without its traceback and chained exceptions: a cache entry keeps it (to say why the
+    graph broke), and a traceback would keep capture's frames alive, and the user's function with them."""
+    error.__traceback__ = error.__cause__ = error.__context__ = None
+    if error.python_exception is not None:
+        error.python_exception.__traceback__ = None
+    return error
+
+
 def _why_not_breakable(code, inst, open_exits=()):
-    if inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in ("CALL",
-                                                                                            "CALL_FUNCTION_EX"):
+    if inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in _CALLS:
         return f"cannot resume after {inst.opname}"
     insts, index_of = interp.instructions(code)
-    for entry in dis._parse_exception_table(code):
+    for entry in facts.exception_table(code):
         if entry.start <= inst.offset < entry.end:
             # try/except/finally: the resume function keeps the handlers. A with-block would need its
             # context manager re-entered, which capture cannot do in general; a grad-mode block needs
@@ -138,10 +151,9 @@ def _why_not_breakable(code, inst, open_exits=()):
                 continue
             if entry.lasti:  # inside an except/finally handler: the exception being handled cannot be carried
                 return "the break is inside an exception handler"
-    for i in dis.get_instructions(code):
-        if i.opname.startswith("JUMP_BACKWARD") or i.opname.startswith("POP_JUMP_BACKWARD"):
-            if i.argval <= inst.offset < i.offset:
-                return "the break is inside a loop"
+    for i in insts:
+        if facts.is_backward_jump(i) and i.argval <= inst.offset < i.offset:
+            return "the break is inside a loop"
     if inst.opname == "COMPARE_OP" and inst.argval not in COMPARE_OPS:
         return "unknown comparison"
     return None
@@ -178,22 +190,25 @@ def _with_depth(insts, offset):
     return depth
 
 
-def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamic_dims=None):
+def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamism=None):
     """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed.
 
-    A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly
-    (set KILN_DEBUG=1 to see it raised instead).
+    A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly,
+    or, under fullgraph=True (one graph or an error), raises InternalError (set KILN_DEBUG=1 to see
+    the original exception raised instead).
     """
     try:
         with _user_autograd_hooks_hidden():
-            return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims)
+            return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism)
     except (EagerFrame, KilnError):
         raise
     except Exception as e:
         if os.environ.get("KILN_DEBUG"):
             raise
-        raise EagerFrame(f"kiln internal error while capturing {code.co_qualname}: "
-                         f"{type(e).__name__}: {e}") from e
+        msg = f"kiln internal error while capturing {code.co_qualname}: {type(e).__name__}: {e}"
+        if fullgraph:
+            raise InternalError(msg) from e
+        raise EagerFrame(msg) from e
 
 
 def _unchanged(t):
@@ -215,8 +230,8 @@ def _user_autograd_hooks_hidden():
         torch._C._autograd._pop_saved_tensors_default_hooks()
 
 
-def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
-    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamic_dims)
+def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
+    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamism)
     result = cap.run()
     og = cap.og
     glue = Glue(og)
@@ -236,11 +251,12 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamic_dims):
     og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
     og.watch.check_marked()
+    og.guard_input_aliasing()
     for expr in shape_guards(og):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, _detached(reason), glue_src, guard_src,
-                       [(s, tuple(t.shape)) for s, t, _ in og.inputs])
+                       og.input_values(), og.guards.liveness)
     _log_entry(code, entry, og)
     return entry
 
@@ -252,9 +268,10 @@ def _detached(reason):
 
 
 def _compile_graph(og, glue, backend, code):
+    og.graph.output(tuple(v.node for v in glue.outputs))
+    _drop_unused_sizes(og.graph)
     if og.op_count() == 0:
         return None, None
-    og.graph.output(tuple(v.node for v in glue.outputs))
     gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
     example_inputs = [t for _, t, _ in og.inputs]
     if enabled("graph"):
@@ -268,6 +285,22 @@ def _compile_graph(og, glue, backend, code):
             raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
         raise BackendCompilerFailed(backend.name, e) from e
     return compiled, gm
+
+
+def _drop_unused_sizes(graph):
+    """Remove size computations nothing uses (`x.size()` whose result the glue recomputes from the
+    inputs): a graph of nothing else is no graph, as in torch.compile. Only nodes whose value is a
+    number or a tuple of numbers go: tensor ops may write in place, so they always stay."""
+    for node in reversed(graph.nodes):
+        if node.op in ("call_function", "call_method") and not node.users and \
+                _is_number_tree(node.meta.get("example_value")):
+            graph.erase_node(node)
+
+
+def _is_number_tree(value):
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_is_number_tree(v) for v in value)
+    return isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _break_tail(cap, glue, brk):
@@ -288,32 +321,33 @@ def _break_tail(cap, glue, brk):
     if inst.opname in _JUMPS:
         value, below = stack[-1], stack[:-1]
         v = glue.value(value)
-        keep = inst.opname.startswith("JUMP_IF")
+        jumps_if, keep = _JUMPS[inst.opname]
         taken = resume(below + [value] if keep else below, inst.argval, [])
         fallthrough = resume(below, next_offset, [])
-        native = [f"__c = {'not ' if 'FALSE' in inst.opname else ''}{v}"]
+        native = [f"__c = {'' if jumps_if else 'not '}{v}"]
         after = [f"if __c:", f"    {taken}", fallthrough]
     else:
-        if inst.opname == "CALL":
+        if inst.opname in ("CALL", "CALL_KW"):
             n = inst.arg
-            kw_names = frame.kw_names or ()
-            args = stack[len(stack) - n:]
-            first, second = stack[len(stack) - n - 2], stack[len(stack) - n - 1]
+            if inst.opname == "CALL_KW":  # 3.13: the keyword names sit on top of the arguments
+                kw_names, stack = const_value(stack[-1]), stack[:-1]
+            else:
+                kw_names = frame.kw_names or ()
             below = stack[:len(stack) - n - 2]
-            fn, args = (second, args) if isinstance(first, NullVariable) else (first, [second] + args)
-            nkw = len(kw_names)
-            pos, kws = args[:len(args) - nkw], args[len(args) - nkw:]
+            fn, pos, kws = interp.call_parts(stack[len(stack) - n - 2:], kw_names)
             parts = [glue.value(fn)] + [glue.value(a) for a in pos] + \
-                [f"{k}={glue.value(v)}" for k, v in zip(kw_names, kws)]
+                [f"{k}={glue.value(v)}" for k, v in kws.items()]
             native, pushed, push_null = [f"__r = {caller}({', '.join(parts)})"], True, False
         elif inst.opname == "CALL_FUNCTION_EX":
             has_kw = inst.arg & 1
             kw = stack[-1] if has_kw else None
-            args, fn = stack[-1 - has_kw], stack[-2 - has_kw]
-            below = stack[:len(stack) - 2 - has_kw]
-            if below and isinstance(below[-1], NullVariable):
-                below = below[:-1]
-            parts = [glue.value(fn), "*" + glue.value(args)] + (["**" + glue.value(kw)] if kw is not None else [])
+            args = stack[-1 - has_kw]
+            below = stack[:len(stack) - 3 - has_kw]
+            fn, bound_self = facts.callable_and_self(*stack[len(below):len(below) + 2], is_null=interp.is_null)
+            star = "*" + glue.value(args)
+            if bound_self is not None:
+                star = f"*(({glue.value(bound_self)},) + tuple({glue.value(args)}))"
+            parts = [glue.value(fn), star] + (["**" + glue.value(kw)] if kw is not None else [])
             native, pushed, push_null = [f"__r = {caller}({', '.join(parts)})"], True, False
         else:
             npop = _NATIVE_OPS[inst.opname]
@@ -321,9 +355,10 @@ def _break_tail(cap, glue, brk):
             ops = [glue.value(o) for o in stack[len(stack) - npop:]]
             line, pushed, push_null = _native_op_line(glue, inst, ops)
             native = [line]
+        result = [_Native("__r")] if pushed else []
         if push_null:
-            below = below + [interp.NULL]
-        after = [resume(below, next_offset, ["__r"] if pushed else [])]
+            result = facts.with_null(result[0], interp.NULL)
+        after = [resume(below + result, next_offset, [])]
     if any(_is_exit(v) for v in stack):
         # inside a grad-mode block: the rest of the block runs in the mode capture was in there
         native = [f"{glue.const(torch._C._set_grad_enabled, 'SETGRAD')}({cap.og.grad_enabled})"] + native
@@ -339,7 +374,7 @@ def _break_tail(cap, glue, brk):
 
 
 def _covering_handler(code, offset):
-    for entry in dis._parse_exception_table(code):
+    for entry in facts.exception_table(code):
         if entry.start <= offset < entry.end:
             return entry
     return None
@@ -360,9 +395,13 @@ def _native_op_line(glue, inst, ops):
     if name == "STORE_ATTR":
         return f"{ops[1]}.{inst.argval} = {ops[0]}", False, False
     if name in ("LOAD_ATTR", "LOAD_METHOD"):
-        return f"__r = {ops[0]}.{inst.argval}", True, name == "LOAD_METHOD"
+        return f"__r = {ops[0]}.{inst.argval}", True, facts.loads_method(inst)
     if name == "GET_ITER":
         return f"__r = iter({ops[0]})", True, False
+    if name == "BINARY_SLICE":
+        return f"__r = {ops[0]}[{ops[1]}:{ops[2]}]", True, False
+    if name == "STORE_SLICE":
+        return f"{ops[1]}[{ops[2]}:{ops[3]}] = {ops[0]}", False, False
     if name == "CONTAINS_OP":
         return f"__r = ({ops[0]} {'not in' if inst.arg else 'in'} {ops[1]})", True, False
     raise AssertionError(name)
@@ -374,7 +413,7 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     code = frame.code
     stack_nulls = [isinstance(v, NullVariable) for v in below] + [False] * len(extra)
     live = [n for n in code.co_varnames if n in live_locals(code, offset) and n in frame.locals]
-    stack_vals = [glue.value(v) for v in below if not isinstance(v, NullVariable)]
+    stack_vals = [v.expr if isinstance(v, _Native) else glue.value(v) for v in below if not isinstance(v, NullVariable)]
     local_vals = [_local_expr(glue, frame.locals[n]) for n in live]
     for n in code.co_cellvars:
         frame.cells.setdefault(n, interp.CellVariable())
@@ -390,6 +429,13 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     args = "(" + "".join(a + ", " for a in stack_vals + list(extra) + local_vals) + ")"
     return (f"return {rcache}({glue.const(types.FunctionType, 'FN')}({glue.const(rcode, 'RCODE')}, "
             f"F.__globals__, {rcode.co_name!r}, None, {closure}), {args})")
+
+
+class _Native:
+    """A stack slot after the break holding what the native part computed (`expr` names it)."""
+
+    def __init__(self, expr):
+        self.expr = expr
 
 
 def _local_expr(glue, v):

@@ -6,12 +6,17 @@ Capture treats a call to a disabled function as a graph break.
 import functools
 import threading
 
-_state = threading.local()
+
+class _State(threading.local):
+    depth = 0  # a class default: reading it needs no failed attribute lookup (this is on every call)
+
+
+_state = _State()
 
 
 def compilation_disabled():
     """True while the current thread is inside a `kiln.disable`d function."""
-    return getattr(_state, "depth", 0) > 0
+    return _state.depth > 0
 
 
 def is_disabled_function(fn):
@@ -36,7 +41,7 @@ def disable(fn=None, recursive=True):
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        _state.depth = getattr(_state, "depth", 0) + 1
+        _state.depth += 1
         try:
             return orig(*args, **kwargs)
         finally:

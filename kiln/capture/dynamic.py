@@ -1,4 +1,4 @@
-"""Which tensor dimensions capture makes symbolic, and why.
+"""Which tensor dimensions and Python numbers capture makes symbolic, and why.
 
 The user marks dims with `kiln.mark_dynamic` / `kiln.mark_static` (stored on the tensor object, as
 torch does, so a mark follows the tensor into nested and resume frames). `dims_for` merges the marks
@@ -11,7 +11,7 @@ from torch.fx.experimental.symbolic_shapes import (DimDynamic, RelaxedUnspecCons
                                                    StrictMinMaxConstraint)
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from kiln.capture.sources import AttrSource, ItemSource
+from kiln.capture.sources import AttrSource, CellSource, ItemSource, LocalSource
 from kiln.debug.logs import log
 from kiln.exc import ConstraintViolation, InvalidArgument
 
@@ -60,6 +60,79 @@ def _dims(t, dim, who):
 def marked_bounds(t):
     """{dim: (min, max)} of the dims marked dynamic on `t`."""
     return t.__dict__.get(_DYNAMIC_ATTR, {})
+
+
+class InputDynamism:
+    """For one code object: what its next compile makes symbolic. Holds the compile's `dynamic` setting
+    and what automatic dynamic saw change between calls (tensor sizes; ints and floats, as torch 2.13:
+    a number that changes becomes an input of the graph instead of a constant folded into it)."""
+
+    def __init__(self, dynamic, frame):
+        self.dynamic, self.frame = dynamic, frame
+        self.changed_dims = {}        # Source -> dims whose size changed between calls
+        self.changed_scalars = set()  # Sources of ints/floats whose value changed between calls
+
+    def dims(self, source, t):
+        """{dim: reason} of the dims of tensor `t` that become symbolic."""
+        return dims_for(self.dynamic, self.changed_dims.get(source, ()), t, source, self.frame)
+
+    def scalar(self, source, value):
+        """Why the int or float `value` (reached through `source`) is symbolic, or None: it is folded in.
+
+        As in torch.compile, only numbers the caller passes (arguments, the frame's closure, what is
+        reached through them) can vary: globals and module attributes are configuration and stay
+        constants (bools too), and dynamic=False keeps everything static."""
+        if type(value) not in (int, float) or self.dynamic is False or not _from_caller(source):
+            return None
+        if value != value or value in (float("inf"), float("-inf")):
+            return None  # the ShapeEnv cannot reason about nan and infinities
+        if self.dynamic is True:
+            why = "dynamic=True"
+        elif source in self.changed_scalars:
+            why = "automatic dynamic (its value changed between calls)"
+        else:
+            return None
+        log("dynamic", "%s: %r = %r is symbolic: %s", self.frame, source, value, why)
+        return why
+
+    def note_changes(self, entries, value_of):
+        """Automatic dynamic at a recompile: sizes and numbers that differ from what an earlier entry
+        was compiled for become symbolic. `value_of(source)` reloads an input (or raises)."""
+        if self.dynamic is not None or not _automatic():
+            return
+        for entry in entries:
+            for source, seen in entry.input_values:
+                try:
+                    value = value_of(source)
+                except Exception:
+                    continue
+                if isinstance(seen, tuple):
+                    self._note_size(source, seen, value)
+                elif type(value) is type(seen) and value != seen and source not in self.changed_scalars:
+                    self.changed_scalars.add(source)
+                    log("dynamic", "%s: %r changed %r -> %r: symbolic at the recompile", self.frame, source,
+                        seen, value)
+
+    def _note_size(self, source, shape, value):
+        if isinstance(value, torch.Tensor) and value.dim() == len(shape):
+            changed = {d for d, (a, b) in enumerate(zip(value.shape, shape)) if a != b}
+            dims = self.changed_dims.setdefault(source, set())
+            if not changed <= dims:
+                dims |= changed
+                log("dynamic", "%s: %r size changed %s -> %s: dims %s become dynamic at the recompile",
+                    self.frame, source, list(shape), list(value.shape), sorted(dims))
+
+
+def _automatic():
+    from kiln.config import config
+    return config.automatic_dynamic_shapes
+
+
+def _from_caller(source):
+    """Whether `source` starts at the frame's arguments or its own closure cells."""
+    while isinstance(source, (AttrSource, ItemSource)):
+        source = source.base
+    return isinstance(source, LocalSource) or isinstance(source, CellSource) and source.cell is None
 
 
 def dims_for(dynamic, changed, t, source, frame):

@@ -10,19 +10,23 @@ import functools
 import inspect
 import types
 
+import torch
+
 from kiln.capture import interpreter as interp
 from kiln.capture.sources import CodeContext
-from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictVariable,
-                                    ExitVariable,
+from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
+                                    DictVariable, DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator,
+                                    MapIterator, SequenceIterator, ZipIterator,
                                     FreshObjectVariable, GeneratorVariable, GradModeExit,
-                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable, NDArrayVariable,
-                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable, TensorVariable,
-                                    TupleVariable)
-from kiln.capture.graph_builder import size_source
-from kiln.capture.objects import key_var, specialize
+                                    FunctionVariable, IteratorVariable, ListVariable, MethodVariable, NDArrayVariable, ObjectIterator,
+                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable,
+                                    TensorVariable, TupleVariable)
+from kiln.capture.graph_builder import python_expr
+from kiln.capture.objects import key_var
 from kiln.exc import Unsupported
 
 _LITERAL_TYPES = (int, bool, str, type(None), bytes)
+_SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 
 
 MUTATION_WRITERS = []  # fn(glue, container, target) -> [(format, value Variable or None)] or None (not its kind)
@@ -31,6 +35,18 @@ REBUILDERS = {}  # a Variable kind defined in its own module -> fn(glue, var) ->
 
 def _make_cell(*contents):
     return types.CellType(*contents)
+
+
+def _advanced(iterator, n):
+    """`iterator` after n items: how a rebuilt iterator resumes where capture left it."""
+    for _ in range(n):
+        next(iterator)
+    return iterator
+
+
+def _at_index(iterator, index):
+    iterator.__setstate__(index)
+    return iterator
 
 
 def _new_instance(cls, items):
@@ -94,13 +110,15 @@ class Glue:
                 return repr(v)
             return self.const(v, "K")
         if isinstance(var, SymNodeVariable):
-            found = size_source(self.og, var.value)
-            if found is None:
-                return repr(specialize(var))  # an expression of sizes: pinned by the shape guards
-            name = self._new_tmp()  # a dynamic size itself: read again from the input at run time
+            expr = python_expr(self.og, var.value, self.ctx)
+            if expr is None:  # computed from tensor data (an item()): the graph returns it in a tensor
+                as_tensor = self.og.call_op("call_function", torch.scalar_tensor, [var],
+                                            {"dtype": ConstantVariable(_SCALAR_DTYPES[var.python_type()])})
+                expr = f"{self.value(as_tensor)}.item()"
+            name = self._new_tmp()  # computed again from the inputs at run time, as Python would
             self._tmp[id(var)] = name
             self._alive.append(var)
-            self.emit(f"{name} = {found[0].expr(self.ctx)}.size({found[1]})")
+            self.emit(f"{name} = {expr}")
             return name
         if isinstance(var, interp.RealCell):
             return var.source.expr(self.ctx).rsplit(".cell_contents", 1)[0]
@@ -172,8 +190,13 @@ class Glue:
             return f"{self.const(_finished_generator, 'DONEGEN')}()"
         if isinstance(var, GeneratorVariable) and var.count == 0:
             return self._unstarted_generator(var)
+        if isinstance(var, ObjectIterator):
+            return self.value(var.obj)
         if isinstance(var, IteratorVariable):
             return "iter([" + ", ".join(self.value(i) for i in var.items[var.pos:]) + "])"
+        if isinstance(var, (SequenceIterator, DictIterator, DictViewVariable, MapIterator, ZipIterator,
+                            FilterIterator, EnumerateIterator)):
+            return self._lazy_iterable(var)
         if isinstance(var, CellVariable):
             if var.contents is not CellVariable._EMPTY:
                 self._deferred.append(lambda: f"{name}.cell_contents = {self.value(var.contents)}")
@@ -208,6 +231,30 @@ class Glue:
         if (rebuild := REBUILDERS.get(type(var))) is not None:
             return rebuild(self, var)
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
+
+    def _lazy_iterable(self, var):
+        """An iterator or dict view rebuilt as the same kind of object in the same state, over the
+        rebuilt values it reads from (so a map stays a map, a list iterator stays live)."""
+        if isinstance(var, DictViewVariable):
+            return f"{self.value(var.dict)}.{var.kind}()"
+        if isinstance(var, SequenceIterator):
+            make = "reversed" if var.reverse else "iter"
+            if var.done:
+                return f"{make}({'[]' if isinstance(var.seq, ListVariable) else '()'})"
+            if isinstance(var.seq, ListVariable):  # an index into the live list, as CPython's
+                return f"{self.const(_at_index, 'ITER')}({make}({self.value(var.seq)}), {var.index})"
+            return f"{self.const(_advanced, 'ITER')}({make}({self.value(var.seq)}), {var.consumed()})"
+        if isinstance(var, DictIterator):
+            if var.size != len(var.dict.items):
+                raise Unsupported("a dict iterator whose dict changed size")
+            return f"{self.const(_advanced, 'ITER')}(iter({self.value(var.dict)}.{var.kind}()), {var.pos})"
+        if isinstance(var, MapIterator):
+            return f"map({self.value(var.fn)}, {', '.join(self.value(i) for i in var.iterators)})"
+        if isinstance(var, ZipIterator):
+            return f"zip({''.join(self.value(i) + ', ' for i in var.iterators)}strict={var.strict})"
+        if isinstance(var, FilterIterator):
+            return f"filter({self.value(var.fn)}, {self.value(var.iterator)})"
+        return f"enumerate({self.value(var.iterator)}, {var.count})"
 
     def _set_attributes(self, name, attrs, instance_dict):
         """After all values exist: set the attributes `attrs` (name -> Variable) of the object `name`,

@@ -6,6 +6,7 @@ tensors (FakeTensorMode) to learn the result's metadata and records an fx node.
 """
 import builtins
 import collections
+import contextlib
 import enum
 import functools
 import operator
@@ -13,11 +14,13 @@ import re
 import sys
 import types
 
+import sympy
 import torch
 import torch.fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                            FakeTensorMode)
-from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from kiln.capture import dynamic
@@ -30,6 +33,7 @@ from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariabl
                                     is_constant)
 import torch._guards
 from kiln.exc import Unsupported
+from kiln.torch_compat import UnmanagedAutocast
 
 # What the fake mode raises for a data-dependent op when it has no ShapeEnv
 _NEEDS_SHAPE_ENV = (DataDependentOutputException, DynamicOutputShapeException)
@@ -81,23 +85,26 @@ class ShapeSource(torch._guards.Source):
 
 
 class OutputGraph:
-    def __init__(self, code_name, dynamic_dims=None):
-        """`dynamic_dims(source, tensor) -> {dim: reason}` says which sizes of an input are symbolic."""
-        self.graph = torch.fx.Graph()
+    def __init__(self, code_name, dynamism=None):
+        """`dynamism` (dynamic.InputDynamism) says which input sizes and numbers are symbolic."""
+        self.graph = self.root_graph = torch.fx.Graph()  # `graph` is where ops go; see `subgraph`
         # The ShapeEnv comes into being only when a size turns symbolic (see `shape_env`): creating
         # one imports torch's validator and, through it, most of torch._dynamo (~0.75 s in a fresh
         # process), which a graph with static sizes never needs. static_shapes=False is what the
         # mode would have with a ShapeEnv from the start.
         self._shape_env = None
         self.fake_mode = FakeTensorMode(shape_env=None, static_shapes=False, allow_non_fake_inputs=False)
-        self.dynamic_dims = dynamic_dims or (lambda source, t: {})
+        self.dynamism = dynamism or dynamic.InputDynamism(False, code_name)
         self.watch = ShapeWatch(None)
-        self.dynamic_inputs = []  # (fake, ShapeSource)
+        self.dynamic_inputs = []  # (fake tensor or symbolic number, ShapeSource)
         self.dynamic_input_dims = {}  # id(fake) -> dims made symbolic
         self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
         self.guards = GuardSet()
         self.side_effects = SideEffects()
-        self.inputs = []  # (source, real tensor, node) in placeholder order
+        self.inputs = []  # (source, real tensor or number, node) in placeholder order
+        self._input_versions = []  # per tensor input: (fake, its version counter on entry): a change means a write
+        self.folded_numbers = []  # (source, value) of the caller's ints/floats folded in as constants
+        self._numbers = {}  # Source -> SymNodeVariable of a symbolic number input
         self._by_id = {}  # id(real object) -> Variable, so one object always maps to one Variable
         self._keepalive = []
         self._names = set()
@@ -149,12 +156,19 @@ class OutputGraph:
         if wrapper is not None:
             return wrapper(self, value, source, guard)
         if is_constant(value):
+            if g and source in self._numbers:
+                return self._numbers[source]
+            if g and self.dynamism.scalar(source, value):
+                return self._wrap_number(value, source)
             if g:
                 g.const_match(source, value)
+                if type(value) in (int, float):
+                    self.folded_numbers.append((source, value))
             return ConstantVariable(value, source)
         if type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
             if g:
                 g.len_match(source, value)
+                g.class_unchanged(type(value))  # a NamedTuple's own methods and dunders
             items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
             if type(value) is list:
                 return ListVariable(items, source)
@@ -201,6 +215,8 @@ class OutputGraph:
                     g.add(source, f"v == {g.const(value, 'BM')}", f"{source!r} is {value!r}")
                 else:
                     g.id_match(source, value)
+                if isinstance(value, torch.nn.Module):  # its methods, __call__, attribute lookup order
+                    g.class_unchanged(type(value))
             return ObjectVariable(value, source)
         for base in type(value).__mro__[1:]:  # an instance of a list/tuple/dict subclass (container_subclasses)
             if (wrapper := SUBCLASS_WRAPPERS.get(base)) is not None:
@@ -213,6 +229,7 @@ class OutputGraph:
             return ObjectVariable(value, source)
         if g:
             g.type_match(source, value)
+            g.class_unchanged(type(value))  # what capture reads through the object's class
         return ObjectVariable(value, source, opaque=g is not None)
 
     def _dict_key(self, key):
@@ -239,7 +256,7 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported")
         if value.is_sparse or value.layout != torch.strided:
             raise Unsupported("sparse tensors are not supported")
-        dims = self.dynamic_dims(source, value) if value.dim() else {}
+        dims = self.dynamism.dims(source, value) if value.dim() else {}
         if dims:
             self.ensure_shape_env()  # the fake mode makes this input's sizes symbols of it
             self.guards.tensor_match(source, value, dynamic=set(dims))
@@ -258,19 +275,82 @@ class OutputGraph:
         node.meta["example_value"] = fake
         node.meta["source"] = repr(source)
         self.inputs.append((source, value, node))
+        self._input_versions.append((fake, version_of(fake)))
         return TensorVariable(node, fake, source, type(value))
 
+    def _wrap_number(self, value, source):
+        """An int or float the caller passes, as a graph input: a symbol (backed by its value) in the
+        ShapeEnv, so one graph serves every value; the shape guards keep the facts the code relied on."""
+        env = self.ensure_shape_env()
+        self.guards.type_match(source, value)
+        shape_source = ShapeSource(source.expr(self.guards.ctx))
+        sym = env.create_unspecified_symbol(value, source=shape_source, dynamic_dim=DimDynamic.DYNAMIC)
+        make = env.create_symintnode if type(value) is int else env.create_symfloatnode
+        symbolic = make(sym, hint=value, source=shape_source)
+        node = self._placeholder(self._unique(_sanitize(repr(source))))
+        node.meta["example_value"] = symbolic
+        node.meta["source"] = repr(source)
+        self.inputs.append((source, value, node))
+        self.dynamic_inputs.append((symbolic, shape_source))
+        self.shape_source_of[shape_source] = source
+        self._numbers[source] = SymNodeVariable(node, symbolic)
+        return self._numbers[source]
+
+    def input_values(self):
+        """(Source, what automatic dynamic compares next time): each tensor input's sizes and each
+        number folded in as a constant."""
+        return [(s, tuple(t.shape)) for s, t, _ in self.inputs if isinstance(t, torch.Tensor)] + \
+            list(self.folded_numbers)
+
+    def guard_input_aliasing(self):
+        """A graph that writes to an input computes something else when another input shares its
+        memory (the write is seen through the other): guard which inputs share a storage. The fake
+        inputs alias exactly as the real ones (one fake storage per real storage), so the backend
+        compiles for that pattern. Frames that write no input pay nothing. Checked: every input
+        when the graph writes an argument (a caller may pass a view of a module's parameter); when
+        it writes only module state (BatchNorm's running statistics), the written tensors and the
+        inputs that are not module state: module parameters and buffers aliasing each other by
+        storage (rather than being one object) are not re-checked per call."""
+        written = [version is None or version_of(fake) != version for fake, version in self._input_versions]
+        tensors = [(s, t) for s, t, _ in self.inputs if isinstance(t, torch.Tensor)]  # as _input_versions
+        if len(tensors) < 2 or not any(written):
+            return
+        state = [_is_module_state(s) for s, _ in tensors]
+        all_inputs = any(w and not m for w, m in zip(written, state))
+        checked = [(s, t) for (s, t), w, m in zip(tensors, written, state) if all_inputs or w or not m]
+        if len(checked) > 1:
+            self.guards.alias_pattern([s for s, _ in checked], [t for _, t in checked])
+
     def _placeholder(self, name):
-        # placeholders must precede every other node
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        # inputs always enter the root graph (a subgraph lifts what it reads from it); placeholders
+        # must precede every other node
+        graph = self.root_graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         if placeholders:
-            with self.graph.inserting_after(placeholders[-1]):
-                return self.graph.placeholder(name)
-        first = next(iter(self.graph.nodes), None)
+            with graph.inserting_after(placeholders[-1]):
+                return graph.placeholder(name)
+        first = next(iter(graph.nodes), None)
         if first is None:
-            return self.graph.placeholder(name)
-        with self.graph.inserting_before(first):
-            return self.graph.placeholder(name)
+            return graph.placeholder(name)
+        with graph.inserting_before(first):
+            return graph.placeholder(name)
+
+    @contextlib.contextmanager
+    def subgraph(self, grad_enabled):
+        """Record ops into a fresh fx.Graph (an autograd.Function's forward or backward) run in grad
+        mode `grad_enabled`; it may read nodes of the graphs around it (see subgraphs.close)."""
+        saved = self.graph, self.grad_enabled
+        self.graph, self.grad_enabled = torch.fx.Graph(), grad_enabled
+        try:
+            yield self.graph
+        finally:
+            self.graph, self.grad_enabled = saved
+
+    def subgraph_input(self, name, example):
+        """A placeholder of the current subgraph standing for `example` (a fake tensor)."""
+        node = self.graph.placeholder(self._unique(name))
+        node.meta["example_value"] = example
+        return node
 
     def _unique(self, base):
         name, i = base, 1
@@ -286,21 +366,24 @@ class OutputGraph:
         Non-tensor results (sizes, dtypes, bools from metadata) become constants and leave no node,
         unless the op mutated a tensor in place.
         """
-        fake_args, fake_kwargs = _to_fake((args, kwargs))
+        fake_args, fake_kwargs = to_fake((args, kwargs))
         tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
-        versions = [t.fake._version for t in tensors_in]
+        versions = [version_of(t.fake) for t in tensors_in]
         try:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
         except Unsupported:
             raise
         except Exception as e:
             raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
-        mutated = any(t.fake._version != v for t, v in zip(tensors_in, versions))
+        mutated = any(version_of(t.fake) != v for t, v in zip(tensors_in, versions)) or \
+            (None in versions and _writes_by_name(target))
         leaves = pytree.tree_leaves(result)
         if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
             raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated and not _has_symbols(leaves):
+            if _fact_name(target) in TENSOR_FACTS and tensors_in:
+                self.guard_tensor_fact(_fact_name(target), tensors_in)
             result = torch.Size(map(_concrete, result)) if isinstance(result, torch.Size) else \
                 pytree.tree_map(_concrete, result)
             if not is_constant(result) and not (isinstance(result, (list, tuple)) and all(map(is_constant, result))):
@@ -311,10 +394,38 @@ class OutputGraph:
         node.meta["example_value"] = result
         return self._result_variable(node, result, tensors_in)
 
+    def guard_tensor_fact(self, name, tensors):
+        """A fact of `tensors` (TENSOR_FACTS) was read: guard it on the inputs it comes from. A tensor
+        made in the frame has it from the inputs it was computed from, so all inputs met so far are
+        guarded; `is_inference` of such a tensor also depends on whether inference mode is on."""
+        if all(t.source is not None for t in tensors):
+            sources = {t.source for t in tensors}
+        else:
+            sources = {s for s, _, _ in self.inputs}
+            if name == "is_inference":
+                mode = torch.is_inference_mode_enabled()
+                self.guards.add(None, f"{self.guards.const(torch.is_inference_mode_enabled, 'INF')}() is {mode}",
+                                f"torch.is_inference_mode_enabled() is {mode}")
+        for source, _, node in self.inputs:
+            if source in sources:  # the input's fact as capture saw it (its fake mirrors the real one)
+                attr = getattr(node.meta["example_value"], name)
+                read, value = (f"v.{name}()", attr()) if callable(attr) else (f"v.{name}", attr)
+                self.guards.add(source, f"{read} is {value!r}" if isinstance(value, bool) else f"{read} == {value!r}",
+                                f"{source!r}.{name} == {value!r}")
+
+    def real_tensor(self, source):
+        """The real input tensor reached through `source` (None if none is)."""
+        for s, real, _ in self.inputs:
+            if s == source:
+                return real
+        return None
+
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         for attempt in range(2):
             try:
-                with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                # the Python dispatcher runs ops' SymInt-aware Python decompositions (C++ composites
+                # such as torch 2.11's matmul call numel() on symbolic sizes and fail), as torch does
+                with self.fake_mode, enable_python_dispatcher(), torch.set_grad_enabled(self.grad_enabled):
                     if kind == "call_method":
                         return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                     return target(*fake_args, **fake_kwargs)
@@ -373,7 +484,7 @@ class OutputGraph:
         returns the exit action. `leave_contexts` undoes whatever a failed capture left entered."""
         node = self.graph.create_node("call_function", torch.amp.autocast_mode._enter_autocast, tuple(mode_args), {},
                                       name=self._unique("enter_autocast"))
-        mode = torch.amp.autocast_mode._UnmanagedAutocast(*mode_args)
+        mode = UnmanagedAutocast(*mode_args)
         mode.__enter__()
         self.entered.append(mode)
 
@@ -392,20 +503,68 @@ class OutputGraph:
         return sum(1 for n in self.graph.nodes if n.op.startswith("call"))
 
 
+# Facts of a tensor its fake mirrors but the tensor guard (GuardSet.tensor_match) does not check;
+# code that reads one (`x.is_inference()`, `torch.is_conj(x)`) gets it guarded (guard_tensor_fact)
+TENSOR_FACTS = {"is_inference", "is_conj", "is_neg", "_is_zerotensor", "storage_offset", "_is_view", "is_leaf"}
+
+
+def _fact_name(target):
+    return target if isinstance(target, str) else getattr(target, "__name__", None)
+
+
+def _is_module_state(source):
+    """A parameter or buffer of a module (`...._parameters['weight']`)."""
+    return isinstance(source, ItemSource) and isinstance(source.base, AttrSource) and \
+        source.base.name in ("_parameters", "_buffers")
+
+
+def version_of(t):
+    """A tensor's version counter (bumped by every write to its storage); None for an inference
+    tensor, which has none."""
+    return None if t.is_inference() else t._version
+
+
+def _writes_by_name(target):
+    """Whether an op writes to its first argument, by torch's naming (add_, __setitem__): how writes
+    to inference tensors, which have no version counter, are told."""
+    name = _fact_name(target) or ""
+    if name.startswith("__") and name.endswith("__"):  # __setitem__, __iadd__
+        return name.strip("_") in _WRITING_OPERATORS
+    return name in _WRITING_OPERATORS or (name.endswith("_") and not name.startswith("_"))  # add_
+
+
+_WRITING_OPERATORS = {"setitem"} | {"i" + op for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and",
+                                                         "or", "xor", "lshift", "rshift", "matmul")}
+
+
 def _has_symbols(leaves):
     return any(isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not x.node.expr.is_number
                for x in leaves)
 
 
-def size_source(og, symint):
-    """(Source of a tensor input, dim) when `symint` is exactly that input's dynamic size, else None."""
-    expr = symint.node.expr
-    if not expr.is_Symbol:
-        return None
-    for src in og.shape_env.var_to_sources.get(expr, ()):
+def python_expr(og, symbolic, ctx):
+    """A Python expression computing `symbolic` (a SymInt/SymFloat/SymBool) from the frame's inputs at run
+    time (`L[0].size(1) * 3`), or None when it depends on a value only the graph computes (an item())."""
+    from torch.utils._sympy.printers import PythonPrinter
+    expr = symbolic.node.expr
+    names = {}
+    for sym in expr.free_symbols:
+        reload = _reload_symbol(og, sym, ctx)
+        if reload is None:
+            return None
+        names[sym] = sympy.Symbol(f"({reload})")
+    text = PythonPrinter().doprint(expr.xreplace(names))
+    kind = {torch.SymInt: "int", torch.SymFloat: "float", torch.SymBool: "bool"}[type(symbolic)]
+    return f"{kind}({text})"
+
+
+def _reload_symbol(og, sym, ctx):
+    for src in og.shape_env.var_to_sources.get(sym, ()):
+        if src in og.shape_source_of:  # a number input itself
+            return og.shape_source_of[src].expr(ctx)
         base, idx = getattr(src, "base", None), getattr(src, "idx", None)
         if base in og.shape_source_of and idx is not None and "SIZE" in str(getattr(src, "prop", "")):
-            return og.shape_source_of[base], idx
+            return f"{og.shape_source_of[base].expr(ctx)}.size({idx})"
     return None
 
 
@@ -462,12 +621,8 @@ def _var_leaves(tree):
     return out
 
 
-def to_fake_tree(tree):
-    """Variables inside nested containers as the values a fake run sees (tensors: their fakes)."""
-    return _to_fake(tree)
-
-
-def _to_fake(tree):
+def to_fake(tree):
+    """The fake values of Variables inside nested containers (what ops run on during capture)."""
     def conv(v):
         if isinstance(v, TensorVariable):
             return v.fake
@@ -476,6 +631,8 @@ def _to_fake(tree):
         if isinstance(v, ObjectVariable):
             if v.opaque:  # only its type is guarded: its value must not become part of the graph
                 raise Unsupported(f"a {type(v.value).__qualname__} object passed to a tensor op")
+            if callable(v.value):  # fx would write its repr (`<function f at 0x..>`) into the graph's code
+                raise Unsupported(f"{getattr(v.value, '__qualname__', type(v.value).__qualname__)} passed to a tensor op")
             return v.value
         raise Unsupported(f"cannot pass {v!r} to a tensor op")
     return _map_vars(conv, tree)

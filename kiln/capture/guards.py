@@ -4,10 +4,21 @@ Each Guard is a boolean expression over `v` (the value its Source reloads). The 
 source expression into a local once, so `L[0]._modules['fc']._parameters['weight']` is walked once
 per call, and emits a flat chain of `if not (...): return False` — identity and type checks first,
 because they are created first.
+
+Objects checked by identity (modules, user functions and classes) are held weakly: an entry must not
+keep alive what it checks, and once such an object dies no call can pass the guard again, so the
+entry's `Liveness` tells its cache to drop it.
 """
+import inspect
+import math
+import sys
+import types
+import weakref
+
 import torch
 
-from kiln.capture.sources import CodeContext
+from kiln.capture import class_watch
+from kiln.capture.sources import CodeContext, TupleSource
 
 
 class Guard:
@@ -29,6 +40,8 @@ class GuardSet:
         self.ctx = CodeContext()
         self.guards = []
         self._seen = set()
+        self._classes = set()  # ids of the classes guarded unchanged
+        self.liveness = Liveness()
 
     def add(self, source, check, text=None):
         """`check` may use `v` and names from `self.const(...)`; source None means a global-state guard."""
@@ -41,16 +54,26 @@ class GuardSet:
     def const(self, obj, hint="C"):
         return self.ctx.const(obj, hint)
 
+    def ref(self, obj, hint):
+        """An expression for `obj` in a guard: a plain constant, or a call of a weak reference (None
+        once `obj` has died) for objects that may die while the program runs."""
+        if _held_weakly(obj):
+            return f"{self.const(self.liveness.ref(obj), 'W')}()"
+        return self.const(obj, hint)
+
     def _describe(self, source, check):
         return check.replace("v", repr(source), 1) if source is not None else check
 
     # ---- the common guards -------------------------------------------------------------------
     def type_match(self, source, value):
-        self.add(source, f"type(v) is {self.const(type(value), 'T')}",
+        self.add(source, f"type(v) is {self.ref(type(value), 'T')}",
                  f"type({source!r}) is {type(value).__qualname__}")
 
     def id_match(self, source, value):
-        self.add(source, f"v is {self.const(value, 'ID')}", f"{source!r} is {_short(value)}")
+        ref = self.ref(value, "ID")
+        if ref.endswith("()"):  # a dead referent reads None: `is not None` keeps a None value from passing
+            ref += " is not None"
+        self.add(source, f"v is {ref}", f"{source!r} is {_short(value)}")
 
     def const_match(self, source, value):
         if value is None or value is True or value is False or value is Ellipsis:
@@ -59,7 +82,7 @@ class GuardSet:
             self.add(source, f"type(v) is {type(value).__name__} and v == {value!r}", f"{source!r} == {value!r}")
         else:
             c = self.const(value, "K")
-            self.add(source, f"type(v) is {self.const(type(value), 'T')} and v == {c}",
+            self.add(source, f"type(v) is {self.ref(type(value), 'T')} and v == {c}",
                      f"{source!r} == {value!r}")
 
     def tensor_match(self, source, t, dynamic=()):
@@ -86,7 +109,7 @@ class GuardSet:
         return "v.is_cpu" if t.device.type == "cpu" else f"v.device == {self.const(t.device, 'DEV')}"
 
     def len_match(self, source, value):
-        self.add(source, f"type(v) is {self.const(type(value), 'T')} and len(v) == {len(value)}",
+        self.add(source, f"type(v) is {self.ref(type(value), 'T')} and len(v) == {len(value)}",
                  f"type({source!r}) is {type(value).__name__} and len == {len(value)}")
 
     def keys_match(self, source, value):
@@ -95,7 +118,9 @@ class GuardSet:
             same = f"len(v) == {len(value)} and all(a is b for a, b in zip(v, {keys}))"
         else:
             same = f"tuple(v) == {keys}"
-        self.add(source, f"type(v) is {self.const(type(value), 'T')} and {same}",
+            if not all(type(k) in (str, int) for k in value):  # (2, 3) == torch.Size([2, 3]): types too
+                same += f" and tuple(map(type, v)) == {self.const(tuple(map(type, value)), 'KEYTYPES')}"
+        self.add(source, f"type(v) is {self.ref(type(value), 'T')} and {same}",
                  f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
 
     def autocast_match(self):
@@ -109,13 +134,35 @@ class GuardSet:
             self.add(None, f"{anyac}() and {self.const(autocast_state, 'ACSTATE')}() == {self.const(state, 'AC')}",
                      f"autocast state is {state}")
 
+    def class_unchanged(self, cls):
+        """Nothing reachable through `cls` (its attributes along the MRO) changed since capture: one
+        check per class covers every method, `__call__`, `__getattr__` or descriptor read through it
+        (see class_watch). Built-in classes cannot change and get no guard."""
+        for klass in (cls, type(cls)):  # the metaclass decides lookups on the class itself
+            if id(klass) in self._classes or not class_watch.can_change(klass):
+                continue
+            self._classes.add(id(klass))
+            if _held_weakly(klass):
+                self.liveness.ref(klass)  # a class made at run time: the entry goes when it dies
+            self.add(None, class_watch.guard_expression(klass, self.const), f"class {klass.__qualname__} unchanged")
+
+    def alias_pattern(self, sources, tensors):
+        """Which of these input tensors share memory (and which are one object) is as now: a graph
+        that writes to an input computes something else when another input aliases it."""
+        pattern = alias_pattern(tensors)
+        self.add(TupleSource(sources), f"{self.const(alias_pattern, 'ALIASING')}(v) == {pattern!r}",
+                 f"inputs {', '.join(map(repr, sources))} alias as {pattern}")
+
     def aliases(self, source, other):
         self.add(source, f"v is {other.expr(self.ctx)}", f"{source!r} is {other!r}")
+
+    def distinct(self, source, other):
+        self.add(TupleSource([source, other]), "v[0] is not v[1]", f"{source!r} is not {other!r}")
 
     # ---- code generation --------------------------------------------------------------------
     def build(self):
         """-> (check(F, L) -> bool, first_failure(F, L) -> Guard|None, source text)."""
-        hoist = _Hoisting(self.ctx)
+        hoist = _Hoisting(self)
         conds = []
         for i, g in enumerate(self.guards):
             hoist.current = i
@@ -131,7 +178,7 @@ class GuardSet:
         prologue = ["G = F.__globals__"] if any("G[" in line for line in body) else []
         src = _fn("__kiln_guard", prologue + body + ["return True"], "False")
         fail_src = _fn("__kiln_guard_failure", prologue + fail_body + ["return None"], "-1")
-        ns = dict(self.ctx.consts)
+        ns = {"math": math, **self.ctx.consts}  # the ShapeEnv's guards on float inputs call math.isnan
         exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
         failure, guards = ns["__kiln_guard_failure"], self.guards
 
@@ -143,14 +190,67 @@ class GuardSet:
         return ns["__kiln_guard"], first_failure, src
 
 
+class Liveness:
+    """Weak references to the objects an entry's guards check by identity. When one dies, the
+    callbacks registered with `on_death` run (once): the entry can never match again."""
+
+    __slots__ = ("_refs", "_callbacks")
+
+    def __init__(self):
+        self._refs = {}  # id(obj) -> weak reference
+        self._callbacks = []
+
+    def ref(self, obj):
+        found = self._refs.get(id(obj))
+        if found is None or found() is not obj:
+            found = self._refs[id(obj)] = weakref.ref(obj, self._died)
+        return found
+
+    def watches(self):
+        return bool(self._refs)
+
+    def on_death(self, callback):
+        self._callbacks.append(callback)
+
+    def _died(self, _ref):
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def _held_weakly(value):
+    """Objects that may die while the program runs: instances (modules of the user's model), and
+    functions and classes that are not attributes of their module (closures, classes made at run
+    time, code exec'd into a namespace of its own). Module objects, and functions and classes their
+    module holds, live as long as the process and are held plainly (cheaper to check)."""
+    if isinstance(value, types.ModuleType) or not type(value).__weakrefoffset__:
+        return False
+    if isinstance(value, (type, types.FunctionType)):
+        return not _module_attribute(value)
+    return True
+
+
+def _module_attribute(obj):
+    """`obj` is what its module's attribute `obj.__qualname__` holds."""
+    name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    found = sys.modules.get(name) if isinstance(name, str) else None
+    if found is None or not isinstance(qualname, str):
+        return False
+    for part in qualname.split("."):
+        found = inspect.getattr_static(found, part, None)
+        if found is None:
+            return False
+    return found is obj or getattr(found, "__func__", None) is obj  # a classmethod/staticmethod wrapper
+
+
 class _Hoisting:
     """Renders source expressions, binding each distinct source to a local `vN` once."""
 
-    def __init__(self, ctx):
-        self.ctx, self.names, self.pending, self.current = ctx, {}, {}, 0
+    def __init__(self, guard_set):
+        self.guard_set, self.names, self.pending, self.current = guard_set, {}, {}, 0
 
-    def const(self, obj, hint="C"):
-        return self.ctx.const(obj, hint)
+    def const(self, obj, hint="C"):  # objects that sources reload by identity (ConstSource)
+        return self.guard_set.ref(obj, hint)
 
     def sub(self, source):
         key = source.key()
@@ -172,6 +272,16 @@ def _substitute_v(check, v):
 def _fn(name, lines, on_error):
     inner = "\n".join("        " + line for line in lines)
     return f"def {name}(F, L):\n    try:\n{inner}\n    except Exception:\n        return {on_error}\n"
+
+
+def alias_pattern(tensors):
+    """For each tensor, the index of the first tensor with the same storage (one object is one storage)."""
+    first = {}
+    return tuple([first.setdefault(_storage_id(t), i) for i, t in enumerate(tensors)])
+
+
+# the address of the tensor's StorageImpl (one C call); older torch: the storage's data pointer
+_storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage().data_ptr())
 
 
 def autocast_state():

@@ -1,8 +1,9 @@
-"""The symbolic interpreter: one handler per CPython 3.11 opcode, over Variables instead of values.
+"""The symbolic interpreter: one handler per CPython opcode (3.11, 3.12, 3.13), over Variables instead of values.
 
 `Frame` runs one code object (the captured frame, or an inlined callee sharing its OutputGraph).
 Python semantics of calls, attributes and iteration live in `objects.py`; this file is only the
-instruction loop and the stack discipline.
+instruction loop and the stack discipline. What differs between CPython versions (where a call's
+NULL sits, what FOR_ITER skips, ...) is asked of `bytecode_facts`, never of `sys.version_info` here.
 """
 import builtins
 import dis
@@ -11,13 +12,16 @@ import linecache
 import operator
 import sysconfig
 
+from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
+from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, AutocastVariable, CellVariable, ConstantVariable, DictVariable, ExitVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
+                                    ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
-                                    IteratorVariable, ListVariable,
+                                    ListVariable,
                                     NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
-                                    TupleVariable, const)
+                                    TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
@@ -29,21 +33,33 @@ COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": ope
                ">=": operator.ge}
 UNARY_OPS = {"UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos, "UNARY_INVERT": operator.invert,
              "UNARY_NOT": operator.not_}
+# Opcodes capture refuses, and why (the message of the graph break they cause); everything else in
+# bytecode_facts.opcodes() has a handler below.
+NOT_CAPTURED = {
+    "LOAD_BUILD_CLASS": "a class statement", "LOAD_NAME": "module- or class-level code",
+    "STORE_NAME": "module- or class-level code", "DELETE_NAME": "module- or class-level code",
+    "SETUP_ANNOTATIONS": "module- or class-level code", "IMPORT_STAR": "`from module import *`",
+    "PRINT_EXPR": "interactive-mode code", "LOAD_LOCALS": "a class body",
+    "LOAD_FROM_DICT_OR_GLOBALS": "a class body or annotation scope",
+    "LOAD_FROM_DICT_OR_DEREF": "a class body or annotation scope",
+    "DELETE_GLOBAL": "del of a global", "DELETE_DEREF": "del of a closure variable",
+    "MATCH_CLASS": "a class pattern in a match statement",
+    "CHECK_EG_MATCH": "except* (exception groups)", "PREP_RERAISE_STAR": "except* (exception groups)",
+    "ASYNC_GEN_WRAP": "an async generator", "BEFORE_ASYNC_WITH": "async with", "END_ASYNC_FOR": "async for",
+    "GET_AITER": "async for", "GET_ANEXT": "async for", "GET_AWAITABLE": "await",
+    "CLEANUP_THROW": "throw() into a generator",
+}
 MAX_INLINE_DEPTH = 60
 MAX_STEPS = 2_000_000
 
 
 class _Instructions:
-    """A code object's instructions, with offset -> index; cached per code object."""
-    _cache = {}
+    """A code object's instructions, with offset -> index; cached per code object, while it lives."""
+    _cache = IdentityTable()
 
     @classmethod
     def of(cls, code):
-        found = cls._cache.get(code)
-        if found is None:
-            found = instructions(code)
-            cls._cache[code] = found
-        return found
+        return cls._cache.setdefault(code, lambda: instructions(code))
 
 
 _LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
@@ -69,7 +85,7 @@ def instructions(code):
     return insts, index_of
 
 
-_EXCEPTION_TABLES = {}
+_EXCEPTION_TABLES = IdentityTable()  # code -> its parsed exception table
 ON_RETURN = []  # hooks (frame, returned Variable) run as a frame that made generators returns (generator_models)
 
 
@@ -163,7 +179,8 @@ class Frame:
             handler = getattr(self, inst.opname, None)
             try:
                 if handler is None:
-                    raise Unsupported(f"opcode {inst.opname} is not supported")
+                    raise Unsupported(f"{NOT_CAPTURED.get(inst.opname, 'opcode ' + inst.opname)} is not supported "
+                                      f"(opcode {inst.opname})")
                 result = handler(inst)
             except Unsupported as e:
                 if e.python_exception is not None and self._handle_exception(inst, e.python_exception):
@@ -199,10 +216,7 @@ class Frame:
         return False
 
     def _exception_table(self):
-        table = _EXCEPTION_TABLES.get(self.code)
-        if table is None:
-            table = _EXCEPTION_TABLES[self.code] = dis._parse_exception_table(self.code)
-        return table
+        return _EXCEPTION_TABLES.setdefault(self.code, lambda: facts.exception_table(self.code))
 
     def PUSH_EXC_INFO(self, inst):
         exc = self.pop()
@@ -297,12 +311,19 @@ class Frame:
         elif not (sent.is_constant() and sent.value is None):
             raise Unsupported(f"send() into {type(it).__name__} through `yield from`")
         else:
-            item = it.next() if isinstance(it, IteratorVariable) else None
+            item = objects.iter_next(self, it) if isinstance(it, BaseIterator) else None
         if item is None:
-            self.stack[-1] = it.return_value if isinstance(it, GeneratorVariable) else const(None)
+            returned = it.return_value if isinstance(it, GeneratorVariable) else const(None)
+            if facts.SEND_KEEPS_RECEIVER:
+                self.push(returned)  # the sub-iterator's return value; END_SEND drops the receiver
+            else:
+                self.stack[-1] = returned
             self.jump(inst)
         else:
             self.push(item)
+
+    def END_SEND(self, inst):
+        del self.stack[-2]  # 3.12+: the receiver below the sub-iterator's return value
 
     def RETURN_VALUE(self, inst):
         value = self.pop()
@@ -311,23 +332,62 @@ class Frame:
                 hook(self, value)
         return (value,)
 
+    def RETURN_CONST(self, inst):
+        return (objects.wrap_const(self.og, inst.argval),)
+
     # ---- names ----------------------------------------------------------------------------------
     def LOAD_CONST(self, inst):
         self.push(objects.wrap_const(self.og, inst.argval))
 
     def LOAD_FAST(self, inst):
+        if facts.CELLS_LOADED_BY_LOAD_FAST and inst.argval in self.cells:
+            self.push(self.cells[inst.argval])  # 3.13's LOAD_CLOSURE: the cell itself, for a closure
+            return
         self.push(self.load_local(inst.argval))
 
+    LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_AND_CLEAR(self, inst):
+        """3.12+ inlined comprehension: save what its variable's slot holds (a value, a cell when the
+        frame's variable of that name is a cell, or nothing) on the stack, and empty the slot."""
+        name = inst.argval
+        saved = self.cells.pop(name) if name in self.cells else self.locals.pop(name, _UNBOUND)
+        self.locals.pop(name, None)
+        self.push(saved)
+
     def STORE_FAST(self, inst):
-        self.locals[inst.argval] = self.pop()
+        self.store_local(inst.argval, self.pop())
+
+    def store_local(self, name, value):
+        """Put `value` in the slot of `name`, as CPython does: it replaces a cell there too (an inlined
+        comprehension's plain variable shares the slot of a cell of the same name), and a cell or
+        nothing is put back after an inlined comprehension (what LOAD_FAST_AND_CLEAR saved)."""
+        self.cells.pop(name, None)
+        self.locals.pop(name, None)
+        if isinstance(value, (CellVariable, RealCell)):
+            self.cells[name] = value
+        elif value is not _UNBOUND:
+            self.locals[name] = value
+
+    def LOAD_FAST_LOAD_FAST(self, inst):
+        for name in inst.argval:
+            self.push(self.load_local(name))
+
+    def STORE_FAST_LOAD_FAST(self, inst):
+        stored, loaded = inst.argval
+        self.store_local(stored, self.pop())
+        self.push(self.load_local(loaded))
+
+    def STORE_FAST_STORE_FAST(self, inst):
+        for name in inst.argval:
+            self.store_local(name, self.pop())
 
     def DELETE_FAST(self, inst):
         self.locals.pop(inst.argval, None)
 
     def LOAD_GLOBAL(self, inst):
-        if inst.arg & 1:
-            self.push(NULL)
-        self.push(self.load_global(inst.argval))
+        value = self.load_global(inst.argval)
+        self.stack.extend(facts.with_null(value, NULL) if inst.arg & 1 else [value])
 
     def load_global(self, name):
         source = GlobalSource(self.f_globals, name, self.root_globals)
@@ -398,12 +458,16 @@ class Frame:
     # ---- attributes and items -------------------------------------------------------------------
     def LOAD_ATTR(self, inst):
         obj = self.pop()
-        self.push(objects.getattr_var(self, obj, inst.argval))
+        value = objects.getattr_var(self, obj, inst.argval)
+        self.stack.extend(facts.with_null(value, NULL) if facts.loads_method(inst) else [value])
 
-    def LOAD_METHOD(self, inst):
-        obj = self.pop()
-        self.push(NULL)
-        self.push(objects.getattr_var(self, obj, inst.argval))
+    LOAD_METHOD = LOAD_ATTR
+
+    def LOAD_SUPER_ATTR(self, inst):
+        """3.12+ `super().name` / `super(C, self).name`: the stack holds super, the class and self."""
+        global_super, cls, obj = self.popn(3)
+        value = objects.getattr_var(self, objects.call(self, global_super, [cls, obj], {}), inst.argval)
+        self.stack.extend(facts.with_null(value, NULL) if facts.loads_method(inst) else [value])
 
     def STORE_ATTR(self, inst):
         obj, value = self.pop(), self.pop()
@@ -426,13 +490,22 @@ class Frame:
         objects.delitem(self, obj, key)
 
     def BUILD_SLICE(self, inst):
-        parts = self.popn(inst.arg)
+        self.push(self.make_slice(self.popn(inst.arg)))
+
+    def make_slice(self, parts):
         if all(p.is_constant() for p in parts):
-            self.push(const(slice(*(p.value for p in parts))))
-        elif all(p.is_constant() or isinstance(p, SymNodeVariable) for p in parts):
-            self.push(SliceVariable(parts))  # indexes a tensor symbolically; specialized elsewhere
-        else:
-            raise Unsupported("slice with non-constant bounds")
+            return const(slice(*(p.value for p in parts)))
+        if all(p.is_constant() or isinstance(p, SymNodeVariable) for p in parts):
+            return SliceVariable(parts)  # indexes a tensor symbolically; specialized elsewhere
+        raise Unsupported("slice with non-constant bounds")
+
+    def BINARY_SLICE(self, inst):
+        obj, start, stop = self.popn(3)
+        self.push(objects.getitem(self, obj, self.make_slice([start, stop])))
+
+    def STORE_SLICE(self, inst):
+        value, obj, start, stop = self.popn(4)
+        objects.setitem(self, obj, self.make_slice([start, stop]), value)
 
     # ---- operators ------------------------------------------------------------------------------
     def BINARY_OP(self, inst):
@@ -448,8 +521,34 @@ class Frame:
 
     UNARY_NEGATIVE = UNARY_POSITIVE = UNARY_INVERT = UNARY_NOT = _unary
 
+    def TO_BOOL(self, inst):
+        """3.13 puts TO_BOOL before each jump on truth and each `not`; those consumers take the truth of
+        the value themselves (once, as CPython does here), so the value stays as it is. A graph break
+        on a tensor's truth then happens at the jump, where the glue can resume."""
+
+    def CALL_INTRINSIC_1(self, inst):
+        kind, value = inst.argrepr, self.pop()
+        if kind == "INTRINSIC_LIST_TO_TUPLE":
+            self.push(objects.make_tuple(value.items))
+        elif kind == "INTRINSIC_UNARY_POSITIVE":
+            self.push(objects.apply_operator(self, operator.pos, [value]))
+        elif kind == "INTRINSIC_STOPITERATION_ERROR":  # a generator's body raised: StopIteration becomes RuntimeError
+            exc = getattr(value, "value", None)
+            if isinstance(exc, StopIteration):
+                exc = RuntimeError("generator raised StopIteration")
+            self.push(ObjectVariable(exc) if isinstance(exc, BaseException) else value)
+        else:
+            raise Unsupported(f"{kind} is not supported (CALL_INTRINSIC_1)")
+
+    def CALL_INTRINSIC_2(self, inst):
+        what = "except* (exception groups)" if inst.argrepr == "INTRINSIC_PREP_RERAISE_STAR" else inst.argrepr
+        raise Unsupported(f"{what} is not supported (CALL_INTRINSIC_2)")
+
     def IS_OP(self, inst):
         b, a = self.pop(), self.pop()
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable) and a.fake is not b.fake and \
+                a.source is not None and b.source is not None:
+            self.og.guards.distinct(a.source, b.source)  # two inputs found not to be one object
         same = objects.is_same(a, b)
         self.push(const(same != bool(inst.arg)))
 
@@ -484,9 +583,22 @@ class Frame:
     def FORMAT_VALUE(self, inst):
         spec = self.pop().value if (inst.arg & 0x04) else ""
         value = objects.const_value(self.pop(), "formatting a non-constant value")
-        conv = {0: None, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
+        conv = _CONVERSIONS[inst.arg & 0x03]
         if conv:
             value = conv(value)
+        self.push(const(format(value, spec)))
+
+    def CONVERT_VALUE(self, inst):  # 3.13: the !s / !r / !a of an f-string field
+        value = objects.const_value(self.pop(), "formatting a non-constant value")
+        self.push(const(_CONVERSIONS[inst.arg](value)))
+
+    def FORMAT_SIMPLE(self, inst):  # 3.13: an f-string field without a format spec
+        value = objects.const_value(self.pop(), "formatting a non-constant value")
+        self.push(const(format(value, "")))
+
+    def FORMAT_WITH_SPEC(self, inst):  # 3.13: an f-string field with a format spec
+        spec = objects.const_value(self.pop(), "a non-constant format spec")
+        value = objects.const_value(self.pop(), "formatting a non-constant value")
         self.push(const(format(value, spec)))
 
     def LIST_APPEND(self, inst):
@@ -540,37 +652,46 @@ class Frame:
         self.kw_names = self.code.co_consts[inst.arg]
 
     def CALL(self, inst):
-        n = inst.arg
         kw_names, self.kw_names = self.kw_names or (), None
-        args = self.popn(n)
-        callable_, self_or_fn = self.pop(), self.pop()
-        if isinstance(self_or_fn, NullVariable):
-            fn = callable_
-        else:
-            fn, args = self_or_fn, [callable_] + args
-        nkw = len(kw_names)
-        kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
-        args = args[:len(args) - nkw] if nkw else args
+        self._call(inst.arg, kw_names)
+
+    def CALL_KW(self, inst):  # 3.13: the keyword names are a tuple on top of the stack
+        kw_names = objects.const_value(self.pop())
+        self._call(inst.arg, kw_names)
+
+    def _call(self, n, kw_names):
+        fn, args, kwargs = call_parts(self.popn(n + 2), kw_names)
         self.push(objects.call(self, fn, args, kwargs))
 
     def CALL_FUNCTION_EX(self, inst):
         kwargs = self.pop() if inst.arg & 1 else None
         args = self.pop()
-        fn = self.pop()
-        if self.stack and isinstance(self.stack[-1], NullVariable):
-            self.pop()
-        pos = objects.unpack_iterable(self, args)
+        fn, bound_self = facts.callable_and_self(*self.popn(2), is_null=is_null)
+        pos = ([bound_self] if bound_self is not None else []) + objects.unpack_iterable(self, args)
         kw = objects.dict_items(self, kwargs) if kwargs is not None else {}
         self.push(objects.call(self, fn, pos, kw))
 
     def MAKE_FUNCTION(self, inst):
         code = self.pop().value
-        closure = self.pop().items if inst.arg & 0x08 else None
-        annotations = objects.annotations_dict(self.pop()) if inst.arg & 0x04 else None
-        kwdefaults = self.pop() if inst.arg & 0x02 else None
-        defaults = self.pop() if inst.arg & 0x01 else None
+        flags = inst.arg or 0  # 3.13: no flags; SET_FUNCTION_ATTRIBUTE sets each attribute instead
+        closure = self.pop().items if flags & 0x08 else None
+        annotations = objects.annotations_dict(self.pop()) if flags & 0x04 else None
+        kwdefaults = self.pop() if flags & 0x02 else None
+        defaults = self.pop() if flags & 0x01 else None
         self.push(FunctionVariable(code, self.f_globals, code.co_qualname, defaults, kwdefaults, closure,
                                    annotations))
+
+    def SET_FUNCTION_ATTRIBUTE(self, inst):
+        fn, value = self.pop(), self.pop()
+        if inst.arg == 0x08:
+            fn.closure = value.items
+        elif inst.arg == 0x02:
+            fn.kwdefaults = value
+        elif inst.arg == 0x01:
+            fn.defaults = value
+        elif inst.arg == 0x04:  # a flat tuple name, value, ... (as MAKE_FUNCTION's)
+            fn.slots["__annotations__"] = objects.annotations_dict(value)
+        self.push(fn)
 
     # ---- control flow ---------------------------------------------------------------------------
     def jump(self, inst):
@@ -589,8 +710,8 @@ class Frame:
     def POP_JUMP_FORWARD_IF_FALSE(self, inst):
         self._pop_jump(inst, False)
 
-    POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_FORWARD_IF_TRUE
-    POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_FORWARD_IF_FALSE
+    POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_IF_TRUE = POP_JUMP_FORWARD_IF_TRUE
+    POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_IF_FALSE = POP_JUMP_FORWARD_IF_FALSE
 
     def _jump_none(self, inst, when):
         value = self.pop()
@@ -603,8 +724,8 @@ class Frame:
     def POP_JUMP_FORWARD_IF_NOT_NONE(self, inst):
         self._jump_none(inst, False)
 
-    POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_FORWARD_IF_NONE
-    POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_FORWARD_IF_NOT_NONE
+    POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_IF_NONE = POP_JUMP_FORWARD_IF_NONE
+    POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_IF_NOT_NONE = POP_JUMP_FORWARD_IF_NOT_NONE
 
     def JUMP_IF_TRUE_OR_POP(self, inst):
         if objects.truth(self, self.stack[-1]):
@@ -623,14 +744,18 @@ class Frame:
 
     def FOR_ITER(self, inst):
         it = self.stack[-1]
-        if not isinstance(it, (IteratorVariable, GeneratorVariable)):
+        if not isinstance(it, BaseIterator):
             raise Unsupported(f"iterating over {it!r}")
-        item = it.next()
+        item = objects.iter_next(self, it)
         if item is None:
             self.pop()
             self.jump(inst)
+            self.ip += facts.FOR_ITER_EXIT_SKIPS  # 3.12+: past END_FOR (and 3.13's POP_TOP)
         else:
             self.push(item)
+
+    def END_FOR(self, inst):
+        self.popn(facts.END_FOR_POPS)
 
     def GET_LEN(self, inst):
         self.push(const(len(objects.unpack_iterable(self, self.stack[-1]))))
@@ -651,8 +776,8 @@ class Frame:
         if isinstance(ctx, (FreshObjectVariable, ObjectVariable)) and \
                 objects.python_dunder(ctx.python_type(), "__enter__") and \
                 objects.python_dunder(ctx.python_type(), "__exit__"):
-            exit_fn = objects.getattr_var(self, ctx, "__exit__")
-            entered = objects.call(self, objects.getattr_var(self, ctx, "__enter__"), [], {})
+            exit_fn = objects.special_method(self, ctx, "__exit__")
+            entered = objects.call(self, objects.special_method(self, ctx, "__enter__"), [], {})
             self.push(exit_fn)
             self.push(entered)
             return
@@ -721,6 +846,33 @@ def _exception_instance(v):
     if isinstance(value, type) and issubclass(value, BaseException):
         value = value()
     return value if isinstance(value, BaseException) else None
+
+
+_CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
+
+
+class _Unbound:
+    """What LOAD_FAST_AND_CLEAR saves for a variable that had no value (STORE_FAST of it unbinds)."""
+
+    def __repr__(self):
+        return "<unbound>"
+
+
+_UNBOUND = _Unbound()
+
+
+def is_null(v):
+    return isinstance(v, NullVariable)
+
+
+def call_parts(slots, kw_names):
+    """A call's stack slots (the two below the arguments, then the arguments; keyword values last,
+    named by `kw_names`) -> (callable, positional args, kwargs)."""
+    fn, bound_self = facts.callable_and_self(slots[0], slots[1], is_null=is_null)
+    args = ([bound_self] if bound_self is not None else []) + list(slots[2:])
+    nkw = len(kw_names)
+    kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
+    return fn, args[:len(args) - nkw], kwargs
 
 
 def bind_arguments(code, args, kwargs, defaults, kwdefaults):

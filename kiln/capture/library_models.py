@@ -22,7 +22,7 @@ import types
 from kiln.capture import objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
-from kiln.capture.variables import (ConstantVariable, DictVariable, GeneratorVariable, IteratorVariable, ListVariable,
+from kiln.capture.variables import (BaseIterator, ConstantVariable, DictVariable, GeneratorVariable, IteratorVariable, ListVariable,
                                     ObjectVariable, SetVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
@@ -197,7 +197,7 @@ def _is_pure(cls, name):
 def _native_arg(frame, v):
     """The Python value of an argument to a builtin method run natively: constants, containers of them,
     and iterators, which the method consumes as CPython would."""
-    if isinstance(v, (IteratorVariable, GeneratorVariable)):
+    if isinstance(v, BaseIterator):  # (a generator, map, zip, a list iterator, ...)
         return iter([_native_arg(frame, i) for i in objects.unpack_iterable(frame, v)])
     return const_value(v, "an argument of a builtin method run natively")
 

@@ -11,13 +11,18 @@ import operator
 import types
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from kiln.capture import interpreter as interp
+from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
-from kiln.capture.graph_builder import is_library_module, to_fake_tree
-from kiln.capture.sources import AttrSource, CellSource, ConstSource, ItemSource
-from kiln.capture.variables import (AutocastVariable, CellVariable, ConstantVariable, DataDictVariable,
-                                    DictVariable, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
+from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
+from kiln.capture.sources import AttrSource, CellSource, ConstSource, GlobalSource, ItemSource
+from kiln.config import config
+from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
+                                    DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
+                                    MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
+                                    HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, PartialVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
                                     TensorKey, TensorVariable, TupleVariable, const, is_constant)
@@ -116,6 +121,8 @@ def const_value(v, why="a non-constant value"):
         return specialize(v)
     if isinstance(v, SliceVariable):
         return slice(*(const_value(p, why) for p in v.parts))
+    if isinstance(v, DictViewVariable):
+        return getattr(const_value(v.dict, why), v.kind)()
     if isinstance(v, MethodVariable) and isinstance(v.obj, ObjectVariable) and isinstance(v.fn, types.FunctionType):
         return types.MethodType(v.fn, v.obj.value)
     raise Unsupported(f"{why} ({describe(v)})")
@@ -123,6 +130,8 @@ def const_value(v, why="a non-constant value"):
 
 def specialize(v):
     """The concrete value of a symbolic size; the shape guards then pin it."""
+    if free_unbacked_symbols(v.value):
+        raise Unsupported("a value computed from tensor data (item()) is needed in Python")
     return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v.value)](v.value)
 
 
@@ -238,14 +247,17 @@ def truth(frame, v):
     if isinstance(v, ConstantVariable):
         return bool(v.value)
     if isinstance(v, SymNodeVariable):
+        if free_unbacked_symbols(v.value):
+            raise Unsupported("branching on a value computed from tensor data (item())")
         return bool(v.value)
     if isinstance(v, TensorVariable):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)")
     if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         return bool(v.items)
-    if isinstance(v, (FunctionVariable, MethodVariable, IteratorVariable, GeneratorVariable, CellVariable,
-                      PartialVariable)):
+    if isinstance(v, (FunctionVariable, MethodVariable, BaseIterator, CellVariable, PartialVariable)):
         return True
+    if isinstance(v, DictViewVariable):
+        return bool(v.dict.items)
     if isinstance(v, FreshObjectVariable):
         if _python_dunder(v.cls, "__bool__") or _python_dunder(v.cls, "__len__"):
             raise Unsupported("truth of an object with a Python __bool__/__len__")
@@ -260,7 +272,7 @@ def truth(frame, v):
             return True
         t = type(value)
         if _python_dunder(t, "__bool__") or _python_dunder(t, "__len__"):
-            return truth(frame, call(frame, getattr_var(frame, v, "__bool__" if _python_dunder(t, "__bool__")
+            return truth(frame, call(frame, special_method(frame, v, "__bool__" if _python_dunder(t, "__bool__")
                                                            else "__len__"), [], {}))
         if v.opaque and (hasattr(t, "__bool__") or hasattr(t, "__len__")):
             raise Unsupported(f"truth of a {t.__qualname__} known only by its type")
@@ -272,9 +284,33 @@ def python_dunder(cls, name):
     return _python_dunder(cls, name)
 
 
+def special_method(frame, v, name):
+    """`v.name` as CPython finds a special method for an implicit call (`iter(v)`, `v + w`, `with v`):
+    on the class only, so an instance attribute of that name is ignored (and need not be guarded)."""
+    cls = v.python_type()
+    frame.og.guards.class_unchanged(cls)
+    raw = inspect.getattr_static(cls, name, None)
+    if isinstance(raw, types.FunctionType):
+        return MethodVariable(raw, v)
+    return _class_attr(frame, v, cls, name)
+
+
 def _python_dunder(cls, name):
     attr = inspect.getattr_static(cls, name, None)
     return isinstance(attr, types.FunctionType)
+
+
+def user_dunder(v, name):
+    """Whether `v`'s class defines the special method `name` in Python, which then runs instead of
+    the built-in behaviour: a user object's, or a list/tuple subclass's (a NamedTuple's __add__)."""
+    if name is None:
+        return False
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)):
+        return _python_dunder(v.python_type(), name)
+    base = list if isinstance(v, ListVariable) else tuple if isinstance(v, TupleVariable) else None
+    if base is not None and v.cls is not base and issubclass(v.cls, base):  # (a ModuleList slice is no list)
+        return _python_dunder(v.cls, name)
+    return False
 
 
 def delitem(frame, obj, key):
@@ -293,6 +329,16 @@ def contains(frame, container, item):
         raise Unsupported("`in` on a tensor's data")
     if isinstance(container, DictVariable):
         return dict_key(item) in container.items
+    if isinstance(container, DictViewVariable):
+        d = container.dict.items
+        if container.kind == "keys":
+            return dict_key(item) in d
+        if container.kind == "values":
+            return contains(frame, TupleVariable(list(d.values())), item)
+        pair = unpack_iterable(frame, item) if _is_tuple(item) else ()
+        if len(pair) != 2 or dict_key(pair[0]) not in d:  # an items view looks the key up, then the value
+            return False
+        return contains(frame, TupleVariable([d[dict_key(pair[0])]]), pair[1])
     if (model := model_of(container)) is not None:
         return truth(frame, model.call_method(frame, container, "__contains__", [item], {}))
     if isinstance(container, SetVariable):
@@ -306,7 +352,7 @@ def contains(frame, container, item):
         return False
     if isinstance(container, (ObjectVariable, FreshObjectVariable)) and \
             _python_dunder(container.python_type(), "__contains__"):
-        return truth(frame, call(frame, getattr_var(frame, container, "__contains__"), [item], {}))
+        return truth(frame, call(frame, special_method(frame, container, "__contains__"), [item], {}))
     if isinstance(container, (ConstantVariable, ObjectVariable)) and isinstance(item, ConstantVariable):
         if _opaque(container):
             raise Unsupported(f"`in` over a {type(container.value).__qualname__} known only by its type")
@@ -340,9 +386,16 @@ def apply_operator(frame, op, args):
         return const(contains(frame, args[0], args[1]))
     if op in (operator.is_, operator.is_not):
         return const(is_same(args[0], args[1]) == (op is operator.is_))
+    if len(args) == 2 and op in _SET_OPS and any(isinstance(a, DictViewVariable) and a.kind != "values" for a in args):
+        args = [new_set(view_items(a)) if isinstance(a, DictViewVariable) else a for a in args]  # set-like views
+        if op in (operator.ior, operator.iand, operator.isub, operator.ixor):  # a view has no in-place form
+            op = {operator.ior: operator.or_, operator.iand: operator.and_, operator.isub: operator.sub,
+                  operator.ixor: operator.xor}[op]
     if all(isinstance(a, SetVariable) or isinstance(a, ConstantVariable) and isinstance(a.value, frozenset)
            for a in args) and len(args) == 2 and op in _SET_OPS:
         return _set_operator(frame, op, args)
+    if op in _INPLACE_TO_BINARY and isinstance(args[0], (ConstantVariable, SymNodeVariable)):
+        op = _INPLACE_TO_BINARY[op]  # `total += t` with total an int: numbers have no in-place form
     if any(isinstance(a, (TensorVariable, SymNodeVariable)) for a in args):
         if op is operator.contains:
             raise Unsupported("`in` on tensor data")
@@ -353,6 +406,8 @@ def apply_operator(frame, op, args):
         except Exception as e:
             raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     a = args[0]
+    if isinstance(a, (ListVariable, TupleVariable)) and user_dunder(a, _DUNDERS.get(op)):
+        return call(frame, special_method(frame, a, _DUNDERS[op]), args[1:], {})  # a NamedTuple's __add__
     if len(args) == 2:
         b = args[1]
         if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) and \
@@ -389,10 +444,8 @@ def apply_operator(frame, op, args):
                           isinstance(b, (FreshObjectVariable, FunctionVariable))):
                 return const((a is b) == (op is operator.eq))
     name = _DUNDERS.get(op)
-    if name and isinstance(a, (ObjectVariable, FreshObjectVariable)):
-        cls = a.python_type()
-        if _python_dunder(cls, name):
-            return call(frame, getattr_var(frame, a, name), args[1:], {})
+    if name and user_dunder(a, name):
+        return call(frame, special_method(frame, a, name), args[1:], {})
     if isinstance(a, ObjectVariable) and all(isinstance(x, (ObjectVariable, ConstantVariable)) for x in args) \
             and not _opaque(*args):
         if not _python_dunder(type(a.value), name or "__eq__"):
@@ -432,9 +485,9 @@ def _user_equality(frame, op, a, b):
             continue
         cls = x.python_type()
         if op is operator.ne and _python_dunder(cls, "__ne__"):
-            result = call(frame, getattr_var(frame, x, "__ne__"), [y], {})
+            result = call(frame, special_method(frame, x, "__ne__"), [y], {})
         elif _python_dunder(cls, "__eq__"):
-            result = call(frame, getattr_var(frame, x, "__eq__"), [y], {})
+            result = call(frame, special_method(frame, x, "__eq__"), [y], {})
             if op is operator.ne and not _not_implemented(result):
                 return const(not truth(frame, result))
         else:
@@ -447,6 +500,12 @@ def _user_equality(frame, op, a, b):
 def _not_implemented(v):
     return isinstance(v, (ConstantVariable, ObjectVariable)) and v.value is NotImplemented
 
+
+_INPLACE_TO_BINARY = {operator.iadd: operator.add, operator.iand: operator.and_, operator.ifloordiv: operator.floordiv,
+                      operator.ilshift: operator.lshift, operator.imatmul: operator.matmul, operator.imul: operator.mul,
+                      operator.imod: operator.mod, operator.ior: operator.or_, operator.ipow: operator.pow,
+                      operator.irshift: operator.rshift, operator.isub: operator.sub, operator.itruediv: operator.truediv,
+                      operator.ixor: operator.xor}
 
 _SET_OPS = (operator.or_, operator.and_, operator.sub, operator.xor, operator.ior, operator.iand, operator.isub,
             operator.ixor, operator.eq, operator.ne, operator.le, operator.lt, operator.ge, operator.gt)
@@ -494,14 +553,18 @@ _DUNDERS = {operator.add: "__add__", operator.sub: "__sub__", operator.mul: "__m
 
 
 # ---- items --------------------------------------------------------------------------------------
-def getitem(frame, obj, key):
+def getitem(frame, obj, key, builtin=False):
+    """`obj[key]`; `builtin`: the base class's own item lookup (tuple.__getitem__ called from a
+    subclass's __getitem__), never the subclass's."""
     og = frame.og
-    if (own := own_dunder(obj, "__getitem__")) is not None:
+    if not builtin and (own := own_dunder(obj, "__getitem__")) is not None:
         return call(frame, own, [key], {})
     if isinstance(obj, TensorVariable):
         return og.call_op("call_function", operator.getitem, [obj, key], {})
     if isinstance(key, TensorVariable) and not isinstance(obj, DictVariable):  # a dict: keyed by identity
         raise Unsupported("indexing a Python container with a tensor")
+    if isinstance(obj, (ListVariable, TupleVariable)) and not builtin and user_dunder(obj, "__getitem__"):
+        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
     if isinstance(obj, (ListVariable, TupleVariable)):
         k = const_value(key, "index")
         if isinstance(k, slice):
@@ -552,8 +615,8 @@ def getitem(frame, obj, key):
             return og.wrap(mod._parameters[k], ItemSource(AttrSource(obj.source, "_parameters"), k))
     if isinstance(obj, ObjectVariable) and _is_typing_form(obj.value):  # List[int], Optional[T]: pure
         return fold_natively(og, operator.getitem, [obj, key], {})
-    if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and _python_dunder(obj.python_type(), "__getitem__"):
-        return call(frame, getattr_var(frame, obj, "__getitem__"), [key], {})
+    if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and user_dunder(obj, "__getitem__"):
+        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
     raise Unsupported(f"indexing {describe(obj)}")
 
 
@@ -597,19 +660,18 @@ def setitem(frame, obj, key, value):
 
 # ---- iteration ----------------------------------------------------------------------------------
 def unpack_iterable(frame, v):
+    """All the items of iterable `v`, consuming it if it is an iterator."""
     if (own := own_dunder(v, "__iter__")) is not None:
         return unpack_iterable(frame, call(frame, own, [], {}))
     if isinstance(v, (ListVariable, TupleVariable, SetVariable)):
         return list(v.items)
     if isinstance(v, DictVariable):
         return [key_var(k) for k in v.items]
-    if isinstance(v, IteratorVariable):
-        items = v.items[v.pos:]
-        v.pos = len(v.items)
-        return items
-    if isinstance(v, GeneratorVariable):
+    if isinstance(v, DictViewVariable):
+        return view_items(v)
+    if isinstance(v, BaseIterator):
         items = []
-        while (item := v.next()) is not None:
+        while (item := iter_next(frame, v)) is not None:
             items.append(item)
         return items
     if isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, str, range, frozenset, bytes, torch.Size)):
@@ -635,13 +697,23 @@ def unpack_iterable(frame, v):
                                                                                 type({}.values()), type({}.items()))):
         return [result_var(frame.og, x) for x in v.value]  # views of objects known by value
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
-        it = call(frame, getattr_var(frame, v, "__iter__"), [], {})
+        it = call(frame, special_method(frame, v, "__iter__"), [], {})
         if isinstance(it, (ObjectVariable, FreshObjectVariable)) and _python_dunder(it.python_type(), "__next__"):
             return _drain(frame, it)  # an iterator object of the user's (often `return self`)
         return unpack_iterable(frame, it)
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__next__"):
         return _drain(frame, v)
     raise Unsupported(f"iterating over {describe(v)}")
+
+
+def view_items(view):
+    """The items a dict view yields now."""
+    d = view.dict.items
+    if view.kind == "keys":
+        return [key_var(k) for k in d]
+    if view.kind == "values":
+        return list(d.values())
+    return [make_tuple([key_var(k), v]) for k, v in d.items()]
 
 
 _MAX_ITEMS = 100_000
@@ -660,14 +732,153 @@ def _drain(frame, it):
     raise Unsupported("an iterator gave too many items during capture")
 
 
+def get_iter(frame, v):
+    """`iter(v)`: the iterator CPython makes, as lazy and as live (a list iterator sees appends; a
+    dict iterator notices a change of size)."""
+    if isinstance(v, BaseIterator):
+        return v
+    if isinstance(v, (ListVariable, TupleVariable)) or \
+            isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, str, range, bytes)):
+        return SequenceIterator(v)
+    if isinstance(v, DictVariable):
+        return DictIterator(v, "keys")
+    if isinstance(v, DictViewVariable):
+        return DictIterator(v.dict, v.kind)
+    if isinstance(v, ObjectVariable) and isinstance(v.value, _MODULE_CONTAINERS):  # their children, guarded
+        return IteratorVariable(unpack_iterable(frame, v), cls=type(iter({}.values())))
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__iter__"):
+        it = call(frame, special_method(frame, v, "__iter__"), [], {})
+        if isinstance(it, (ObjectVariable, FreshObjectVariable)) and _python_dunder(it.python_type(), "__next__"):
+            return ObjectIterator(it)  # stepped by its own __next__, lazily (`return self` included)
+        return get_iter(frame, it)
+    kind = _SET_ITERATOR if isinstance(v, SetVariable) or \
+        isinstance(v, ConstantVariable) and isinstance(v.value, frozenset) else type(iter([]))
+    return IteratorVariable(unpack_iterable(frame, v), cls=kind)
+
+
+_SET_ITERATOR = type(iter(set()))
+_MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList)
+
+
+def get_reversed(frame, v):
+    """`reversed(v)`: over a list, live (CPython's list_reverseiterator); else over the items now."""
+    if isinstance(v, (ListVariable, TupleVariable)) or \
+            isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, str, range, bytes)):
+        return SequenceIterator(v, reverse=True, length=_sequence_len(v))
+    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__reversed__"):
+        return get_iter(frame, call(frame, special_method(frame, v, "__reversed__"), [], {}))
+    items = unpack_iterable(frame, v)
+    kind = type(reversed(getattr({}, v.kind)())) if isinstance(v, DictViewVariable) else \
+        type(reversed({})) if isinstance(v, DictVariable) else type(reversed([]))
+    return IteratorVariable(list(reversed(items)), cls=kind)
+
+
+def iter_next(frame, it):
+    """The next item of iterator `it`, or None once it is exhausted; whatever producing the item
+    does (map's call, a generator's body, filter's test) happens now, as in CPython."""
+    if isinstance(it, (IteratorVariable, GeneratorVariable)):
+        return it.next()
+    if isinstance(it, ObjectIterator):
+        return _object_next(frame, it)
+    if isinstance(it, SequenceIterator):
+        return _sequence_next(it)
+    if isinstance(it, DictIterator):
+        return _dict_next(it)
+    if isinstance(it, MapIterator):
+        args = []
+        for sub in it.iterators:
+            item = iter_next(frame, sub)
+            if item is None:
+                return None
+            args.append(item)
+        return call(frame, it.fn, args, {})
+    if isinstance(it, ZipIterator):
+        return _zip_next(frame, it)
+    if isinstance(it, FilterIterator):
+        while (item := iter_next(frame, it.iterator)) is not None:
+            test = item if is_same(it.fn, const(None)) else call(frame, it.fn, [item], {})
+            if truth(frame, test):
+                return item
+        return None
+    if isinstance(it, EnumerateIterator):
+        item = iter_next(frame, it.iterator)
+        if item is None:
+            return None
+        it.count += 1
+        return make_tuple([const(it.count - 1), item])
+    raise Unsupported(f"next() on {describe(it)}")
+
+
+def _sequence_len(seq):
+    return len(seq.value) if isinstance(seq, ConstantVariable) else len(seq.items)
+
+
+def _sequence_next(it):
+    if it.done:
+        return None
+    if 0 <= it.index < _sequence_len(it.seq):
+        seq, i = it.seq, it.index
+        it.index += -1 if it.reverse else 1
+        return const(seq.value[i]) if isinstance(seq, ConstantVariable) else seq.items[i]
+    it.done = True  # CPython drops the sequence: a list that grows later is not seen
+    return None
+
+
+def _object_next(frame, it):
+    if it.done:
+        return None
+    try:
+        return call(frame, special_method(frame, it.obj, "__next__"), [], {})
+    except Unsupported as e:
+        if isinstance(e.python_exception, StopIteration):
+            it.done = True
+            return None
+        raise
+
+
+def _dict_next(it):
+    d = it.dict.items
+    if len(d) != it.size:
+        it.size = -1  # CPython keeps raising once it has noticed
+        raise Unsupported("dictionary changed size during iteration",
+                          python_exception=RuntimeError("dictionary changed size during iteration"))
+    if it.pos >= len(d):
+        return None
+    key = list(d)[it.pos]
+    it.pos += 1
+    if it.kind == "keys":
+        return key_var(key)
+    return d[key] if it.kind == "values" else make_tuple([key_var(key), d[key]])
+
+
+def _zip_next(frame, it):
+    items = []
+    for i, sub in enumerate(it.iterators):
+        item = iter_next(frame, sub)
+        if item is None:
+            if it.strict:
+                _zip_strict_check(frame, it, i)
+            return None
+        items.append(item)
+    return make_tuple(items) if items else None
+
+
+def _zip_strict_check(frame, it, i):
+    """zip(strict=True) stopped at argument i: raise CPython's ValueError unless all are exhausted."""
+    def args(n):
+        return f"argument{'s' if n > 1 else ''} 1{f'-{n}' if n > 1 else ''}"
+    if i > 0:
+        msg = f"zip() argument {i + 1} is shorter than {args(i)}"
+    else:
+        longer = next((j for j, sub in enumerate(it.iterators[1:], 1) if iter_next(frame, sub) is not None), None)
+        if longer is None:
+            return
+        msg = f"zip() argument {longer + 1} is longer than {args(longer)}"
+    raise Unsupported(msg, python_exception=ValueError(msg))
+
+
 def og_param(og, mod_var, name):
     return og.wrap(mod_var.value._parameters[name], ItemSource(AttrSource(mod_var.source, "_parameters"), name))
-
-
-def get_iter(frame, v):
-    if isinstance(v, (IteratorVariable, GeneratorVariable)):
-        return v
-    return IteratorVariable(unpack_iterable(frame, v))
 
 
 def dict_items(frame, v):
@@ -685,12 +896,20 @@ def dict_items(frame, v):
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type()), not built in
 _BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes, collections.OrderedDict, collections.defaultdict)
 _TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+# what collections.namedtuple itself puts in a class (a NamedTuple's own methods are the others)
+_NAMEDTUPLE_MACHINERY = set(collections.namedtuple("_Probe", "field").__dict__) - {"field"}
 
 
 def getattr_var(frame, obj, name):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.var_getattr(frame, name)
     if isinstance(obj, TensorVariable):
         return _tensor_attr(og, obj, name)
+    if isinstance(obj, SymNodeVariable):  # a number's own methods (is_integer, bit_length) see its value,
+        obj = const(specialize(obj))        # which the shape guards then pin
+    if isinstance(obj, ConstantVariable) and name in ("__iter__", "__reversed__"):  # `range(5).__iter__()`
+        return MethodVariable(name, obj)
     if isinstance(obj, ConstantVariable):
         try:
             return result_var(og, getattr(obj.value, name))
@@ -717,7 +936,7 @@ def getattr_var(frame, obj, name):
         if name in obj.attrs:
             return obj.attrs[name]
         cls = obj.python_type()
-        if cls not in (list, tuple, dict, set):  # (a namedtuple's own methods too: user methods of a NamedTuple)
+        if cls not in (list, tuple, dict, set) and not (hasattr(cls, "_fields") and name in _NAMEDTUPLE_MACHINERY):
             defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
             if defined or (not hasattr(cls.__mro__[-2], name) and _python_dunder(cls, "__getattr__")):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
@@ -729,6 +948,8 @@ def getattr_var(frame, obj, name):
         return fresh_attr(frame, obj, name)
     if isinstance(obj, SuperVariable):
         return _super_attr(frame, obj, name)
+    if isinstance(obj, (BaseIterator, DictViewVariable)) and name in ("__iter__", "__next__", "__reversed__"):
+        return MethodVariable(name, obj)
     if isinstance(obj, ObjectVariable):
         stored = og.side_effects.load_attr(obj.value, name)
         if stored is og.side_effects.DELETED:
@@ -811,6 +1032,11 @@ def _tensor_attr(og, t, name):
         return og.call_op("call_function", getattr, [t, const(name)], {})
     if name == "__class__":
         return og.wrap(t.python_type(), None, guard=False)
+    stored = og.side_effects.load_attr(t.fake, name)
+    if stored is not None:
+        return stored
+    if inspect.getattr_static(t.cls, name, _NO) is _NO:
+        return _tensor_python_attr(og, t, name)
     try:
         attr = getattr(t.fake, name)
     except AttributeError as e:
@@ -825,13 +1051,30 @@ def _tensor_attr(og, t, name):
         raise Unsupported(f"tensor-valued attribute Tensor.{name}")
     if not is_constant(attr):
         raise Unsupported(f"Tensor.{name} of type {type(attr).__name__}")
+    if name in TENSOR_FACTS:  # `x.is_leaf`: a fact the tensor guard does not cover
+        og.guard_tensor_fact(name, [t])
     return const(attr)
+
+
+def _tensor_python_attr(og, t, name):
+    """An attribute Tensor does not define: only the tensor's own __dict__ can hold it (`x.test = 1`).
+    An input's is read and guarded present, or guarded absent; a tensor made in the frame has only
+    what the frame set on it."""
+    real = og.real_tensor(t.source) if t.source is not None else None
+    if real is not None:
+        if name in real.__dict__:
+            return og.wrap(real.__dict__[name], AttrSource(t.source, name))
+        og.guards.add(t.source, f"{name!r} not in v.__dict__", f"{t.source!r} has no attribute {name!r}")
+    raise Unsupported(f"AttributeError: {t.cls.__name__} has no attribute {name!r}",
+                      python_exception=AttributeError(name))
 
 
 def _object_attr(frame, obj, name, plain=False):
     """Attribute lookup on an existing object; `plain` skips a Python-level __getattribute__ (it is what
     object.__getattribute__ does when that override calls super())."""
     og, value, source = frame.og, obj.value, obj.source
+    if not isinstance(value, types.ModuleType):
+        og.guards.class_unchanged(value if isinstance(value, type) else type(value))
     if not plain and not isinstance(value, (type, types.ModuleType)):
         hook = inspect.getattr_static(type(value), "__getattribute__", None)
         if isinstance(hook, types.FunctionType):
@@ -850,19 +1093,7 @@ def _object_attr(frame, obj, name, plain=False):
         return og.wrap(attr, AttrSource(source if source is not None else ConstSource(value), name),
                        guard=flag or not is_library_module(value))
     if isinstance(value, torch.nn.Module):
-        # Python's order: a data descriptor of the class (a property), the instance __dict__, any other
-        # class attribute (a method named like a submodule wins), and only then Module.__getattr__'s
-        # parameters, buffers and submodules
-        d = value.__dict__
-        cls_attr = inspect.getattr_static(type(value), name, _NO)
-        if name in d and not (cls_attr is not _NO and hasattr(type(cls_attr), "__set__")):
-            return og.wrap(d[name], AttrSource(source, name))
-        if cls_attr is not _NO:
-            return _class_attr(frame, obj, type(value), name)
-        for store in ("_parameters", "_buffers", "_modules"):
-            if name in d.get(store, ()):
-                return og.wrap(d[store][name], ItemSource(AttrSource(source, store), name))
-        return _class_attr(frame, obj, type(value), name)
+        return _module_attr(frame, obj, name)
     if isinstance(value, type):
         try:
             raw = inspect.getattr_static(value, name)
@@ -888,7 +1119,7 @@ def _object_attr(frame, obj, name, plain=False):
             return og.wrap(getattr(value, name), AttrSource(source, name) if source else None)
     inst_dict = getattr(value, "__dict__", None)
     cls_attr = inspect.getattr_static(type(value), name, _NO)
-    is_data_descriptor = cls_attr is not _NO and hasattr(type(cls_attr), "__set__")
+    is_data_descriptor = cls_attr is not _NO and _is_data_descriptor(cls_attr)
     if isinstance(inst_dict, dict) and name in inst_dict and not is_data_descriptor:
         return og.wrap(inst_dict[name], AttrSource(source, name) if source else None, guard=source is not None)
     if isinstance(inst_dict, dict) and source is not None and not is_data_descriptor:
@@ -896,8 +1127,59 @@ def _object_attr(frame, obj, name, plain=False):
     return _class_attr(frame, obj, type(value), name)
 
 
+def _is_data_descriptor(attr):
+    """A class attribute that takes precedence over the instance __dict__ (a property, a slot)."""
+    return hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
+
+
+def _module_attr(frame, obj, name):
+    """`module.name` in CPython's order: a data descriptor of the class (a property), the instance
+    __dict__, any other class attribute (a method shadows a submodule of the same name), then the
+    class's __getattr__ (nn.Module's looks in _parameters, _buffers and _modules). The class is
+    guarded unchanged; a class attribute found is guarded absent from the instance __dict__, where
+    a plain assignment would put it. nn.Module.__setattr__ keeps the instance __dict__ and the three
+    stores apart, so a store entry needs only its own guard."""
+    og, mod, source = frame.og, obj.value, obj.source
+    cls = type(mod)
+    og.guards.class_unchanged(cls)
+    raw = inspect.getattr_static(cls, name, _NO)
+    if raw is not _NO and _is_data_descriptor(raw):
+        return _class_attr(frame, obj, cls, name)
+    d = mod.__dict__
+    if name in d:
+        return og.wrap(d[name], AttrSource(source, name))
+    if raw is not _NO:
+        if source is not None:
+            og.guards.add(source, f"{name!r} not in v.__dict__", f"{source!r}.{name} comes from its class")
+        return _class_attr(frame, obj, cls, name)
+    hook = inspect.getattr_static(cls, "__getattr__", None)
+    if isinstance(hook, types.FunctionType) and hook is not _MODULE_GETATTR:
+        return call(frame, MethodVariable(hook, obj), [const(name)], {})
+    return module_store_attr(frame, obj, name)
+
+
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+_MODULE_CALL = inspect.getattr_static(torch.nn.Module, "__call__")
+_MODULE_CALL_IMPL = inspect.getattr_static(torch.nn.Module, "_call_impl")
+
+
+def module_store_attr(frame, obj, name):
+    """What nn.Module.__getattr__ finds: a parameter, buffer or submodule of that name."""
+    d = obj.value.__dict__
+    for store in ("_parameters", "_buffers", "_modules"):
+        if name in d.get(store, ()):
+            return frame.og.wrap(d[store][name], ItemSource(AttrSource(obj.source, store), name))
+    if obj.source is not None:  # `getattr(self, "calls", 0)`: absent now, maybe set by the next call
+        frame.og.guards.add(obj.source, f"{name!r} not in v.__dict__ and {name!r} not in v._parameters and "
+                                        f"{name!r} not in v._buffers and {name!r} not in v._modules",
+                            f"{obj.source!r} has no attribute {name!r}")
+    raise Unsupported(f"AttributeError: {type(obj.value).__qualname__} has no attribute {name!r}",
+                      python_exception=AttributeError(name))
+
+
 def _class_attr(frame, obj, cls, name):
     og = frame.og
+    og.guards.class_unchanged(cls)
     try:
         raw = inspect.getattr_static(cls, name)
     except AttributeError:
@@ -922,7 +1204,11 @@ def _class_attr(frame, obj, cls, name):
             raw.__objclass__ in _BUILTIN_CONTAINERS:
         return MethodVariable(raw, obj)  # a method of dict/list/...: modelled (library_models), not a new object each read
     if isinstance(obj, ObjectVariable) and obj.source is not None:
-        value = getattr(obj.value, name)
+        try:
+            value = getattr(obj.value, name)
+        except AttributeError as e:  # an unset __slots__ slot: absent now, maybe set by the next call
+            og.guards.add(obj.source, f"not hasattr(v, {name!r})", f"{obj.source!r} has no attribute {name!r}")
+            raise Unsupported(f"AttributeError: {e}", python_exception=e) from None
         if isinstance(value, types.MethodType) and value.__self__ is obj.value:
             return MethodVariable(value.__func__, obj)
         return og.wrap(value, AttrSource(obj.source, name))
@@ -961,6 +1247,13 @@ def _super_attr(frame, sup, name):
 
 def setattr_var(frame, obj, name, value):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.var_setattr(frame, name, value)
+    if isinstance(obj, TensorVariable):  # a Python attribute on the tensor: replayed after the graph
+        if inspect.getattr_static(obj.cls, name, _NO) is not _NO:
+            raise Unsupported(f"setting Tensor.{name} during capture")
+        og.side_effects.store_attr(obj, name, value)
+        return
     if (model := VARIABLE_MODELS.get(type(obj))) is not None:
         return model.set_attribute(frame, obj, name, value)
     if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable)) and \
@@ -975,6 +1268,9 @@ def setattr_var(frame, obj, name, value):
             call(frame, MethodVariable(hook, obj), [const(name), value], {})
         else:
             store_fresh_attr(frame, obj, name, value)
+        return
+    if isinstance(obj, ObjectVariable) and type(obj.value) is types.ModuleType:  # `module.name = v`: its global
+        og.side_effects.store_global(GlobalSource(obj.value.__dict__, name, False), value)
         return
     if isinstance(obj, ObjectVariable) and obj.source is not None and not isinstance(obj.value, (type, types.ModuleType)):
         value_obj = obj.value
@@ -1080,6 +1376,10 @@ def _refuse_new_leaf(frame, what, kwargs):
 
 def _tensor_method(frame, t, name, args, kwargs):
     _refuse_new_leaf(frame, f"Tensor.{name}", kwargs)
+    if name == "item" and config.capture_scalar_outputs and not args and not kwargs:
+        # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
+        # at capture time, so a Python branch on it still breaks)
+        return frame.og.call_op("call_method", "item", [t], {})
     if name in TENSOR_METHODS:
         return TENSOR_METHODS[name](frame, t, args, kwargs)
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
@@ -1096,14 +1396,30 @@ def call_python_function(frame, fn, args, kwargs):
     """Inline a plain Python function (existing object)."""
     if is_disabled_function(fn):
         raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}")
+    handler = BUILTIN_HANDLERS.get(fn)  # a Python function capture models instead of inlining
+    if handler is not None:
+        return handler(frame, args, kwargs)
     mod = getattr(fn, "__module__", None) or ""
     if mod.split(".")[0] in ("logging", "warnings"):
         raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)")
     fn = getattr(fn, "__kiln_orig__", fn)
     if not isinstance(fn, types.FunctionType):
         return call(frame, frame.og.wrap(fn, None, guard=False), args, kwargs)
-    if _is_torch_op(fn):
+    if fn is _MODULE_GETATTR and len(args) == 2 and isinstance(args[0], ObjectVariable) and not kwargs:
+        return module_store_attr(frame, args[0], const_value(args[1], "attribute name"))
+    if _is_torch_op(fn) and not _passes_python_callable(args, kwargs):
         return call_torch(frame, fn, args, kwargs)
+    return _inline_function(frame, fn, args, kwargs)
+
+
+def _passes_python_callable(args, kwargs):
+    """A Python callable among the arguments: a graph node cannot hold one, so a torch function given
+    one (torch.fx.node.map_aggregate(x, f)) is followed as Python code instead."""
+    return any(isinstance(a, (FunctionVariable, MethodVariable)) or
+               isinstance(a, ObjectVariable) and callable(a.value) for a in _leaves(args, kwargs))
+
+
+def _inline_function(frame, fn, args, kwargs):
     og = frame.og
     defaults = None
     # defaults are reloaded through the function object, so `fn.__defaults__ = ...` is seen by the guards
@@ -1114,8 +1430,9 @@ def call_python_function(frame, fn, args, kwargs):
     if fn.__kwdefaults__:
         src = AttrSource(ConstSource(fn), "__kwdefaults__")
         kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
-    cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())]
-    return interp.inline_call(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
+    code = original_code(fn.__code__)  # a function made by a frame that ran rewritten (eager_frames)
+    cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
+    return interp.inline_call(frame, code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
 
 
 def _is_torch_op(fn):
@@ -1159,7 +1476,7 @@ def call_torch(frame, fn, args, kwargs):
     has_tensor = any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs))
     if not has_tensor and any(w in name.lower() for w in _STATEFUL_WORDS):
         raise Unsupported(f"torch.{name} changes global state")
-    if any(isinstance(a, (FunctionVariable, MethodVariable)) for a in _leaves(args, kwargs)):
+    if _passes_python_callable(args, kwargs):
         raise Unsupported(f"torch function {name} called with a Python function argument")
     _refuse_new_leaf(frame, f"torch.{name}", kwargs)
     if not has_tensor:
@@ -1236,6 +1553,10 @@ def _call_value(frame, fn_var, args, kwargs):
     module = getattr(fn, "__module__", None)
     if isinstance(module, str) and (model := MODULE_MODELS.get(module.partition(".")[0])) is not None:
         return model.call(frame, fn_var, args, kwargs)
+    if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args and \
+            getattr(fn, "__objclass__", None) in (list, tuple, dict, set) and \
+            isinstance(args[0], (ListVariable, TupleVariable, DictVariable, SetVariable)):
+        return _call_method_var(frame, MethodVariable(fn, args[0]), args[1:], kwargs)  # tuple.__getitem__(self, i)
     if isinstance(fn, GradModeExit):  # the end of a grad-mode block a break cut in two
         if fn_var.source is not None:
             og.guards.id_match(fn_var.source, fn)
@@ -1273,6 +1594,7 @@ def _call_value(frame, fn_var, args, kwargs):
               for k, v in fn.keywords.items()}
         func = og.wrap(fn.func, AttrSource(src, "func") if src else None)
         return call(frame, func, pre + list(args), {**kw, **kwargs})
+    og.guards.class_unchanged(type(fn))
     call_attr = inspect.getattr_static(type(fn), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         return call_python_function(frame, call_attr, [fn_var] + list(args), kwargs)
@@ -1336,6 +1658,7 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return _model_output(frame, cls, args, kwargs)
     if issubclass(cls, (list, dict, set, tuple)) or type(cls) is not type and not issubclass(type(cls), type):
         raise Unsupported(f"constructing {cls.__qualname__}")
+    og.guards.class_unchanged(cls)  # its __init__, __new__ and methods as they are now
     if cls.__new__ is not object.__new__:
         raise Unsupported(f"constructing {cls.__qualname__} (custom __new__)")
     obj = FreshObjectVariable(cls)
@@ -1422,7 +1745,7 @@ def _initialize_lazy_module(og, mod, args, kwargs):
     """A lazy module (nn.LazyLinear) makes its parameters from the shapes of its first inputs, as eager
     does on the first call: natively, from the fake inputs' shapes, before capture reads the module
     (which then has real parameters, and is guarded as any other)."""
-    fake_args, fake_kwargs = to_fake_tree((list(args), dict(kwargs)))
+    fake_args, fake_kwargs = to_fake((list(args), dict(kwargs)))
     try:
         mod._infer_parameters(mod, tuple(fake_args), fake_kwargs)
     except Exception as e:
@@ -1436,6 +1759,14 @@ def call_module(frame, mod_var, args, kwargs):
         raise Unsupported("calling a module with no known origin")
     if isinstance(mod, torch.nn.modules.lazy.LazyModuleMixin) and hasattr(mod, "_initialize_hook"):
         _initialize_lazy_module(og, mod, args, kwargs)
+    og.guards.class_unchanged(type(mod))
+    call_fn = inspect.getattr_static(type(mod), "__call__", None)
+    if call_fn is not _MODULE_CALL:  # the class's own __call__ (`return 5 * self.forward(x)`) runs
+        if isinstance(call_fn, types.FunctionType):
+            return call_python_function(frame, call_fn, [mod_var] + list(args), kwargs)
+        raise Unsupported(f"{type(mod).__qualname__}.__call__ is not a Python function")
+    if inspect.getattr_static(type(mod), "_call_impl", None) is not _MODULE_CALL_IMPL:
+        raise Unsupported(f"{type(mod).__qualname__} overrides nn.Module._call_impl")
     hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
     if not og.hook_globals_guarded:
         mm = og.guards.const(_MODULE_MOD, "MM")

@@ -10,22 +10,29 @@ import types
 
 import torch
 
-from kiln.capture.objects import (apply_operator, call, const_value, delattr_var, describe, dict_items, dict_key, fold_natively,
-                                  get_iter, getattr_var, getitem, is_same, key_var, make_tuple, model_of, new_set, own_dunder,
-                                  VARIABLE_MODELS, python_dunder, set_add, set_key, set_update,
-                                  setattr_var, setitem, truth, unpack_iterable)
-from kiln.capture.variables import (CellVariable, ConstantVariable, DictVariable, FreshObjectVariable, FunctionVariable,
-                                    GeneratorVariable, IteratorVariable, ListVariable, MethodVariable, ObjectVariable, PartialVariable,
+from kiln.capture.objects import (VARIABLE_MODELS, apply_operator, call, const_value, delattr_var, describe,
+                                  dict_items, dict_key, fold_natively, get_iter, get_reversed, getattr_var, getitem,
+                                  is_same, iter_next, key_var, make_tuple, model_of, new_set, own_dunder, python_dunder,
+                                  set_add, set_key, set_update, setattr_var, setitem, special_method, truth,
+                                  unpack_iterable)
+from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
+                                    EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable,
+                                    FunctionVariable, GeneratorVariable, HandlerVariable, IteratorVariable,
+                                    ListVariable, MethodVariable, ObjectVariable, PartialVariable,
                                     SetVariable,
-                                    SuperVariable, TensorVariable, TupleVariable, const)
+                                    SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
 
 # ---- methods of Python containers and constants -------------------------------------------------
 def call_method(frame, obj, name, args, kwargs):
     og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.call_method(frame, name, args, kwargs)
     if (model := model_of(obj) or VARIABLE_MODELS.get(type(obj))) is not None:
         return model.call_method(frame, obj, name, args, kwargs)
+    if name in _ITERATION_METHODS and not args and not kwargs:  # `range(5).__iter__()`, `it.__next__()`
+        return _ITERATION_METHODS[name](frame, obj)
     if isinstance(obj, ListVariable):
         return call_list_method(frame, obj, name, args, kwargs)
     if isinstance(obj, DictVariable):
@@ -45,7 +52,7 @@ def call_method(frame, obj, name, args, kwargs):
     if isinstance(obj, TupleVariable):
         if name in ("index", "count", "__len__", "__contains__", "__getitem__"):
             if name == "__getitem__":
-                return getitem(frame, obj, args[0])
+                return getitem(frame, obj, args[0], builtin=True)
             return fold_natively(og, getattr(const_value(obj), name), args, kwargs)
         raise Unsupported(f"{type(obj).__name__}.{name}")
     if isinstance(obj, ConstantVariable):
@@ -53,6 +60,15 @@ def call_method(frame, obj, name, args, kwargs):
     if name == "__delitem__" and isinstance(obj, TensorVariable):
         raise Unsupported("del on a tensor item")
     raise Unsupported(f"method {name} of {describe(obj)}")
+
+
+def _dunder_next(frame, it):
+    if not isinstance(it, BaseIterator):
+        raise Unsupported(f"__next__ of {describe(it)}")
+    return _b_next(frame, [it], {})
+
+
+_ITERATION_METHODS = {"__iter__": get_iter, "__reversed__": get_reversed, "__next__": _dunder_next}
 
 
 _SET_MUTATORS = {"pop", "difference_update", "intersection_update", "symmetric_difference_update"}
@@ -137,11 +153,12 @@ def call_list_method(frame, lst, name, args, kwargs):
         lst.items.append(args[0])
         result = const(None)
     elif name == "extend":
-        if isinstance(args[0], GeneratorVariable):  # appended as it yields: its code sees the list grow
-            while (item := args[0].next()) is not None:
+        if isinstance(args[0], (ListVariable, TupleVariable)):
+            lst.items.extend(list(args[0].items))  # CPython copies a list or tuple first (`y.extend(y)`)
+        else:  # any other iterable item by item, so each item sees the list as it grows
+            it = get_iter(frame, args[0])
+            while (item := iter_next(frame, it)) is not None:
                 lst.items.append(item)
-        else:
-            lst.items.extend(unpack_iterable(frame, args[0]))
         result = const(None)
     elif name == "insert":
         lst.items.insert(const_value(args[0]), args[1])
@@ -164,7 +181,7 @@ def call_list_method(frame, lst, name, args, kwargs):
     elif name in ("index", "count", "__len__", "__contains__"):
         return fold_natively(og, getattr(const_value(lst), name), args, kwargs)
     elif name == "__getitem__":
-        return getitem(frame, lst, args[0])
+        return getitem(frame, lst, args[0], builtin=True)
     elif name == "__setitem__":
         setitem(frame, lst, args[0], args[1])
         return const(None)
@@ -200,14 +217,8 @@ def call_list_method(frame, lst, name, args, kwargs):
 
 def _dict_method(frame, d, name, args, kwargs):
     og = frame.og
-    if name == "keys":
-        return ListVariable([key_var(k) for k in d.items])
-    if name == "values":
-        return ListVariable(list(d.items.values()))
-    if name == "items":
-        return ListVariable([make_tuple([key_var(k), v]) for k, v in d.items.items()])
-    if name == "__iter__":
-        return IteratorVariable([key_var(k) for k in d.items])
+    if name in ("keys", "values", "items"):
+        return DictViewVariable(d, name)
     if name in ("get", "__getitem__"):
         k = dict_key(args[0])
         if k in d.items:
@@ -320,13 +331,16 @@ def builtin_len(frame, args, kwargs):
         return const(v.fake.shape[0])
     if isinstance(v, ConstantVariable):
         return const(len(v.value))
+    if isinstance(v, BaseIterator):
+        msg = f"object of type '{v.python_type().__name__}' has no len()"
+        raise Unsupported(msg, python_exception=TypeError(msg))
     if (model := model_of(v)) is not None:
         return model.call_method(frame, v, "__len__", [], {})
     if (own := own_dunder(v, "__len__")) is not None:
         return call(frame, own, [], {})
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and python_dunder(v.python_type(), "__len__") and \
             not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS):  # (those: their children, guarded)
-        return call(frame, getattr_var(frame, v, "__len__"), [], {})
+        return call(frame, special_method(frame, v, "__len__"), [], {})
     return const(len(unpack_iterable(frame, v)))
 
 
@@ -383,16 +397,18 @@ def _b_delattr(frame, args, kwargs):
 
 def _iterable_builtin(fn):
     def handler(frame, args, kwargs):
-        lists = [unpack_iterable(frame, a) for a in (args[:1] if fn is enumerate else args)]
         if fn is enumerate:
             start = const_value(kwargs.get("start", const(0))) if not args[1:] else const_value(args[1])
-            return IteratorVariable([make_tuple([const(i + start), v]) for i, v in enumerate(lists[0])])
+            return EnumerateIterator(get_iter(frame, args[0]), start)
         if fn is zip:
-            return IteratorVariable([make_tuple(list(t)) for t in zip(*lists)])
+            return ZipIterator([get_iter(frame, a) for a in args], bool(const_value(kwargs.get("strict", const(False)))))
         if fn is reversed:
-            return IteratorVariable(list(reversed(lists[0])))
+            return get_reversed(frame, args[0])
         if fn is iter:
-            return IteratorVariable(lists[0])
+            if len(args) != 1:
+                raise Unsupported("iter(callable, sentinel)")
+            return get_iter(frame, args[0])
+        lists = [unpack_iterable(frame, a) for a in args]
         if fn is list:
             return ListVariable(lists[0] if lists else [])
         if fn is tuple:
@@ -403,11 +419,11 @@ def _iterable_builtin(fn):
 
 def _b_next(frame, args, kwargs):
     it = args[0]
-    if not isinstance(it, (IteratorVariable, GeneratorVariable)):
+    if not isinstance(it, BaseIterator):
         raise Unsupported(f"next() on {describe(it)}")
     if isinstance(it, GeneratorVariable) and len(args) == 1:
         return call_method(frame, it, "__next__", [], {})  # its StopIteration carries the return value
-    item = it.next()
+    item = iter_next(frame, it)
     if item is None:
         if len(args) > 1:
             return args[1]
@@ -492,7 +508,7 @@ def _reducing(fn):
     def handler(frame, args, kwargs):
         if fn in (any, all):  # stops at the first deciding item, as CPython does (later items never run)
             it = get_iter(frame, args[0])
-            while (item := it.next()) is not None:
+            while (item := iter_next(frame, it)) is not None:
                 if truth(frame, item) == (fn is any):
                     return const(fn is any)
             return const(fn is all)
@@ -566,15 +582,17 @@ def _b_numeric(fn):
 
 
 def _b_map(frame, args, kwargs):
-    fn, lists = args[0], [unpack_iterable(frame, a) for a in args[1:]]
-    return IteratorVariable([call(frame, fn, list(items), {}) for items in zip(*lists)])
+    if kwargs:  # (map(strict=...) is Python 3.14's)
+        raise Unsupported("map() takes no keyword arguments", python_exception=TypeError(
+            "map() takes no keyword arguments"))
+    if len(args) < 2:
+        raise Unsupported("map() must have at least two arguments", python_exception=TypeError(
+            "map() must have at least two arguments."))
+    return MapIterator(args[0], [get_iter(frame, a) for a in args[1:]])
 
 
 def _b_filter(frame, args, kwargs):
-    fn, items = args[0], unpack_iterable(frame, args[1])
-    if is_same(fn, const(None)):
-        return IteratorVariable([i for i in items if truth(frame, i)])
-    return IteratorVariable([i for i in items if truth(frame, call(frame, fn, [i], {}))])
+    return FilterIterator(args[0], get_iter(frame, args[1]))
 
 
 def _b_reduce(frame, args, kwargs):
@@ -662,6 +680,34 @@ def _b_sorted(frame, args, kwargs):
     return lst
 
 
+def _torch_check(error_type):
+    """torch._check(cond, message=None) and its kin: answered at capture, no graph break. A
+    constant cond is known now; a symbolic one (a size) is decided now and the shape guards keep
+    the answer. A failing check raises what eager raises (the message callable is called then, as
+    eager calls it)."""
+    def handler(frame, args, kwargs):
+        args = list(args)
+        kind = const_value(args.pop(0)) if error_type is None else error_type  # torch._check_with(type, ...)
+        cond = args[0] if args else kwargs.get("cond")
+        message = args[1] if len(args) > 1 else kwargs.get("message", const(None))
+        if not isinstance(cond, (ConstantVariable, SymNodeVariable)) or \
+                isinstance(cond, ConstantVariable) and not isinstance(cond.value, bool):
+            raise Unsupported(f"torch check of {describe(cond)}")
+        if truth(frame, cond):
+            return const(None)
+        text = "Expected cond to be True, but got False. (Could this error message be improved? If so, please " \
+               "report an enhancement request to PyTorch.)"
+        if not is_same(message, const(None)):
+            text = const_value(call(frame, message, [], {}), "a torch check's message")
+        raise Unsupported(f"torch check failed: {text}", python_exception=kind(text))
+    return handler
+
+
+_TORCH_CHECKS = {torch._check: RuntimeError, torch._check_index: IndexError, torch._check_value: ValueError,
+                 torch._check_type: TypeError, torch._check_not_implemented: NotImplementedError,
+                 torch._check_with: None}
+
+
 BUILTIN_HANDLERS = {
     len: builtin_len, isinstance: _b_isinstance, issubclass: _b_isinstance_sub, type: _b_type, getattr: _b_getattr,
     hasattr: _b_hasattr, setattr: _b_setattr, delattr: _b_delattr, vars: _b_vars, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
@@ -684,4 +730,5 @@ BUILTIN_HANDLERS = {
     math.prod: _b_prod,
     **{fn: _b_itertools(fn, which) for fn, which in _ITERTOOLS.items()},
     itertools.chain.from_iterable: _b_chain_from_iterable, itertools.accumulate: _b_accumulate,
+    **{fn: _torch_check(error) for fn, error in _TORCH_CHECKS.items()},
 }

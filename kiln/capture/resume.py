@@ -4,28 +4,28 @@
 prologue in front: it pushes the live stack (its first arguments; NULLs re-pushed with PUSH_NULL),
 binds the live locals (its other arguments) and jumps to `offset`. The original's cell variables
 become free variables, so the glue can hand over the very cells that closures made before the
-break captured. One code object per (code, offset, layout), so its cache is shared by recompiles.
+break captured. One code object per (code, offset, layout), so its cache is shared by recompiles;
+they are kept while `code` lives.
 """
-import dis
-
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 
+from kiln.capture import bytecode_facts as facts
+from kiln.capture.identity_table import IdentityTable
 from kiln.capture.interpreter import instructions
 
-_CACHE = {}
+_CACHE = IdentityTable()  # code -> {(offset, stack_nulls, live): resume code}
 
 
 def live_locals(code, offset):
     """Fast locals that may be read at or after `offset` before being written."""
     insts, index = instructions(code)
-    handlers = [(e.start, e.end, e.target) for e in dis._parse_exception_table(code)]
+    handlers = [(e.start, e.end, e.target) for e in facts.exception_table(code)]
     succ = []
     for n, inst in enumerate(insts):
         s = []
-        if inst.opname not in ("RETURN_VALUE", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD",
-                               "JUMP_BACKWARD_NO_INTERRUPT") and n + 1 < len(insts):
+        if inst.opname not in facts.NO_FALLTHROUGH and n + 1 < len(insts):
             s.append(n + 1)
-        if inst.opcode in dis.hasjrel or inst.opcode in dis.hasjabs:
+        if facts.is_jump(inst):
             s.append(index[inst.argval])
         for start, end, target in handlers:
             if start <= inst.offset < end:
@@ -40,10 +40,11 @@ def live_locals(code, offset):
             out = set()
             for s in succ[n]:
                 out |= live[s]
-            if inst.opname == "STORE_FAST":
-                out.discard(inst.argval)
-            elif inst.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_FAST_CHECK"):
-                out.add(inst.argval)
+            for access, name in reversed(facts.local_accesses(inst)):
+                if access == "store":
+                    out.discard(name)
+                else:
+                    out.add(name)
             if out != live[n]:
                 live[n] = out
                 changed = True
@@ -52,8 +53,9 @@ def live_locals(code, offset):
 
 def resume_code(code, offset, stack_nulls, live):
     """A code object taking (non-NULL stack items..., live locals...) that continues `code` at `offset`."""
-    key = (code, offset, tuple(stack_nulls), tuple(live))
-    found = _CACHE.get(key)
+    made = _CACHE.setdefault(code, dict)
+    key = (offset, tuple(stack_nulls), tuple(live))
+    found = made.get(key)
     if found is not None:
         return found
     bc = Bytecode.from_code(code)
@@ -98,7 +100,7 @@ def resume_code(code, offset, stack_nulls, live):
     new.flags = code.co_flags & ~(0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200) | 0x10 * bool(freevars)
     new.exception_table = None
     out = new.to_code()
-    _CACHE[key] = out
+    made[key] = out
     return out
 
 

@@ -3,24 +3,37 @@
 Hot path of a compiled call: bind arguments (a generated function with the original signature)
 -> for each entry: entry.check(F, L) -> entry.run(F, L). Everything else (capture, recompile logging,
 the cache-size limit) happens on a miss, under one lock.
+
+A cache lives as long as its code object and no longer: `_CACHES` holds code objects weakly (by
+identity), and nothing a cache holds refers back to its code (the cache itself holds it weakly; guards
+hold the modules, functions and classes they check weakly). A compiled function keeps its code, so
+its cache, alive; a nested function's code lives in its parent's constants, so a closure made anew on
+each call still finds its cache. An entry goes as soon as an object its guards check by identity dies
+(guards.Liveness): it could never match again.
 """
 import inspect
+import sys
 import threading
 import types
 import warnings
+import weakref
 
 import torch
 
 from kiln import config as config_mod
-from kiln.capture import dynamic
+from kiln.capture import dynamic as dynamic_mod, fx_sources, torch_caches
+from kiln.capture.call_sites import original_code
 from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
+from kiln.capture.identity_table import IdentityTable
+from kiln.capture.uninterrupted_imports import imports_not_interrupted
 from kiln.capture.sources import CodeContext
 from kiln.debug.logs import enabled, log
+from kiln.exc import FailOnRecompileLimitHit
 
 _LOCK = threading.RLock()
 _MAX_EAGER_CALLS = 16  # capture is retried this often for calls that raise before a frame runs eagerly
-_CACHES = {}       # (code, backend key, fullgraph) -> CodeCache
+_CACHES = IdentityTable()  # code -> {(backend key, fullgraph, dynamic): CodeCache}
 observers = []     # callables(code, entry) told about every new entry (kiln.explain)
 eager_observers = []  # callables(code, reason) told when a frame is left to run eagerly
 
@@ -31,15 +44,21 @@ def _backend_key(backend):
 
 
 class CodeCache:
-    """The compiled entries of one code object (for one backend)."""
+    """The compiled entries of one code object (for one backend). Holds the code object weakly, or
+    `_CACHES` would keep it alive."""
 
     def __init__(self, code, backend, fullgraph, dynamic):
-        self.code, self.backend, self.fullgraph, self.dynamic = code, backend, fullgraph, dynamic
-        self.dynamic_dims = {}  # Source -> dims whose size changed between calls (dynamic=None)
+        self._code = weakref.ref(code)
+        self.backend, self.fullgraph, self.dynamic = backend, fullgraph, dynamic
+        self.dynamism = dynamic_mod.InputDynamism(dynamic, code.co_qualname)
         self.entries = []
         self.eager_reason = None
         self.warned_limit = False
         self.eager_calls = 0  # calls that raised out of the frame during capture (EagerCall)
+
+    @property
+    def code(self):
+        return self._code()
 
     def __call__(self, F, L):
         """Run a frame whose bound arguments are already the tuple L (resume functions)."""
@@ -51,7 +70,7 @@ class CodeCache:
     def miss(self, F, L, args, kwargs):
         entry = self._entry_for(F, L)
         if entry is None:
-            return F(*args, **kwargs)
+            return run_eagerly(self, F, args, kwargs)
         return entry.run(F, L)
 
     def _entry_for(self, F, L):
@@ -62,6 +81,11 @@ class CodeCache:
             if self.eager_reason is not None:
                 return None
             if len(self.entries) >= config_mod.config.cache_size_limit:
+                if self.fullgraph:  # fullgraph promises compiled code: no silent eager run
+                    raise FailOnRecompileLimitHit(
+                        f"{self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}) hit "
+                        f"cache_size_limit={config_mod.config.cache_size_limit} under fullgraph=True. "
+                        f"Last guard failure: {self._failure_text(F, L)}")
                 if not self.warned_limit:
                     self.warned_limit = True
                     log("perf_hints", "%s recompiled %d times; raise kiln.config.cache_size_limit or make the "
@@ -72,11 +96,15 @@ class CodeCache:
                 return None
             if self.entries:
                 self._log_recompile(F, L)
-                if self.dynamic is None and config_mod.config.automatic_dynamic_shapes:
-                    self._note_changed_sizes(F, L)
+                self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
             try:
-                entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
-                                      self._dims_for)
+                with imports_not_interrupted(), fx_sources.owned() as sources:
+                    try:
+                        entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
+                                              self.dynamism)
+                    finally:
+                        torch_caches.release_finished_compiles()
+                    sources.tie_to(entry)
             except EagerCall as e:
                 self.eager_calls += 1
                 log("graph_breaks", "%s", e)
@@ -92,30 +120,16 @@ class CodeCache:
                 for obs in eager_observers:
                     obs(self.code, str(e))
                 return None
-            self.entries.append(entry)
+            self._keep(entry)
             for obs in observers:
                 obs(self.code, entry)
             return entry
 
-    def _dims_for(self, source, tensor):
-        return dynamic.dims_for(self.dynamic, self.dynamic_dims.get(source, ()), tensor, source,
-                                self.code.co_qualname)
-
-    def _note_changed_sizes(self, F, L):
-        """Automatic dynamic shapes: a size that differs from a previous entry's becomes symbolic."""
-        for entry in self.entries:
-            for source, shape in entry.input_shapes:
-                try:
-                    value = _evaluate(source, F, L)
-                except Exception:
-                    continue
-                if isinstance(value, torch.Tensor) and value.dim() == len(shape):
-                    changed = {d for d, (a, b) in enumerate(zip(value.shape, shape)) if a != b}
-                    dims = self.dynamic_dims.setdefault(source, set())
-                    if not changed <= dims:
-                        dims |= changed
-                        log("dynamic", "%s: %r size changed %s -> %s: dims %s become dynamic at the recompile",
-                            self.code.co_qualname, source, list(shape), list(value.shape), sorted(dims))
+    def _keep(self, entry):
+        self.entries.append(entry)
+        if entry.liveness.watches():  # weak references only: the callback must not keep either alive
+            cache, kept = weakref.ref(self), weakref.ref(entry)
+            entry.liveness.on_death(lambda: _discard(cache(), kept()))
 
     def _failure_text(self, F, L):
         if not self.entries:
@@ -133,12 +147,34 @@ class CodeCache:
             print(f"[kiln] {msg}")
 
 
+def run_eagerly(cache, F, args, kwargs):
+    """Run a frame capture gave up on. eager_frames replaces this with a run whose callees compile."""
+    return F(*args, **kwargs)
+
+
+def _discard(cache, entry):
+    """Drop an entry whose guards can no longer pass (an object they check by identity died)."""
+    if cache is not None and entry is not None:
+        try:
+            cache.entries.remove(entry)  # in place: hot paths iterate this very list
+        except ValueError:
+            pass
+
+
 def get_cache(code, backend, fullgraph, dynamic=None):
-    key = (code, _backend_key(backend), fullgraph, dynamic)
-    cache = _CACHES.get(key)
+    return _cache_for(code, (_backend_key(backend), fullgraph, dynamic), backend)
+
+
+def _cache_for(code, key, backend):
+    code = original_code(code)  # a function made by a frame that ran rewritten shares its original's cache
+    found = _CACHES.get(code)
+    cache = found.get(key) if found is not None else None
     if cache is None:
         with _LOCK:
-            cache = _CACHES.setdefault(key, CodeCache(code, backend, fullgraph, dynamic))
+            found = _CACHES.setdefault(code, dict)
+            cache = found.get(key)
+            if cache is None:
+                cache = found[key] = CodeCache(code, backend, key[1], key[2])
     return cache
 
 
@@ -150,35 +186,50 @@ def _evaluate(source, F, L):
 
 def reset():
     with _LOCK:
-        for cache in _CACHES.values():
-            cache.entries.clear()
-            cache.eager_reason = None
-            cache.warned_limit = False
+        for caches in _CACHES.values():
+            for cache in caches.values():
+                cache.entries.clear()
+                cache.eager_reason = None
+                cache.warned_limit = False
         _CACHES.clear()
 
 
 def forget_backend(backend):
-    """Drop the caches compiled for one backend (kiln.explain's private one)."""
+    """Drop the caches compiled for one backend (kiln.explain's private one): they would otherwise
+    live as long as the code objects they were compiled for."""
     key = _backend_key(backend)
     with _LOCK:
-        for k in [k for k in _CACHES if k[1] == key]:
-            del _CACHES[k]
+        for caches in _CACHES.values():
+            for k in [k for k in caches if k[0] == key]:
+                del caches[k]
 
 
 # ---- argument binding -----------------------------------------------------------------------------
 def make_binder(fn):
-    """A function with fn's signature returning its parameters in co_varnames order (C-speed binding)."""
+    """A function with fn's signature returning its parameters in co_varnames order (C-speed binding).
+    Its code depends only on the shape of the signature, so it is made once per shape (closures made
+    anew on every call cost a function object, not a compile)."""
     code = fn.__code__
     nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
         bool(code.co_flags & inspect.CO_VARKEYWORDS)
     names = code.co_varnames[:nparams]
-    src = (f"def binder{inspect.signature(_no_annotations(fn))}:\n"
-           f"    return ({''.join(n + ', ' for n in names)})\n")
-    ns = {}
-    exec(compile(src, f"<kiln binder {code.co_qualname}>", "exec"), ns)
-    binder = ns["binder"]
-    binder.__defaults__, binder.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    shape = (names, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+             code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), len(fn.__defaults__ or ()),
+             tuple(fn.__kwdefaults__ or ()))
+    binder_code = _BINDER_CODES.get(shape)
+    if binder_code is None:
+        src = (f"def binder{inspect.signature(_no_annotations(fn))}:\n"
+               f"    return ({''.join(n + ', ' for n in names)})\n")
+        ns = {}
+        exec(compile(src, "<kiln binder>", "exec"), ns)
+        binder_code = _BINDER_CODES.setdefault(shape, ns["binder"].__code__)
+    binder = types.FunctionType(binder_code, _BINDER_GLOBALS, "binder", fn.__defaults__)
+    binder.__kwdefaults__ = fn.__kwdefaults__
     return binder
+
+
+_BINDER_CODES = {}  # signature shape -> binder code object
+_BINDER_GLOBALS = {"__builtins__": __builtins__}
 
 
 def _no_annotations(fn):
@@ -209,6 +260,7 @@ def optimize_function(fn, backend, fullgraph, dynamic=None):
     binder = make_binder(fn)
     entries = cache.entries
     F = fn
+    code = fn.__code__  # the cache holds it weakly; this function owns it (F.__code__ may be replaced)
 
     def compiled(*args, **kwargs):
         nonlocal binder
@@ -219,17 +271,30 @@ def optimize_function(fn, backend, fullgraph, dynamic=None):
             if e.check(F, L):
                 return e.run(F, L)
         return cache.miss(F, L, args, kwargs)
-    compiled._kiln_cache, compiled._kiln_fn = cache, fn
+    compiled._kiln_cache, compiled._kiln_fn, compiled._kiln_code = cache, fn, code
     return compiled
 
 
 def synthetic_caller(target):
-    """A fresh function `(*args, **kwargs) -> target(*args, **kwargs)` with its own code object, so
-    each compiled module/callable has its own cache and `target` is a constant of its globals."""
+    """A fresh function `(*args, **kwargs) -> target(*args, **kwargs)`, `target` a global of its own
+    namespace. Its code object is one per target (by identity: these code objects all compare equal),
+    so each compiled module/callable has a cache of its own, kept while the target lives."""
     ns = {"__kiln_target__": target, "__builtins__": __builtins__}
-    src = "def __kiln_call__(*args, **kwargs):\n    return __kiln_target__(*args, **kwargs)\n"
-    exec(compile(src, f"<kiln call {type(target).__name__} {id(target):#x}>", "exec"), ns)
-    return ns["__kiln_call__"]
+    return types.FunctionType(_caller_code(target), ns, "__kiln_call__")
+
+
+_CALLER_CODES = IdentityTable()  # target -> its synthetic caller's code object (which does not refer to it)
+
+
+def _caller_code(target):
+    def make():
+        src = "def __kiln_call__(*args, **kwargs):\n    return __kiln_target__(*args, **kwargs)\n"
+        module = compile(src, f"<kiln call {type(target).__name__} {id(target):#x}>", "exec")
+        return next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    try:
+        return _CALLER_CODES.setdefault(target, make)
+    except TypeError:  # not weakly referenceable: a code object per compile
+        return make()
 
 
 class Caller:
@@ -238,26 +303,31 @@ class Caller:
 
     def __init__(self, backend, dynamic):
         self.backend, self.dynamic = backend, dynamic
+        self._key = (_backend_key(backend), False, dynamic)
 
-    def __call__(self, fn, *args, **kwargs):
+    def __call__(self, fn, /, *args, **kwargs):
         if compilation_disabled() or is_disabled_function(fn):
             return fn(*args, **kwargs)
         target, pre = fn, ()
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, pre = fn.__func__, (fn.__self__,)
-        elif isinstance(fn, torch.nn.Module) and not _has_hooks(fn):
+        elif isinstance(fn, torch.nn.Module) and not _has_hooks(fn) and \
+                type(fn).__call__ is torch.nn.Module.__call__:  # else the class's own __call__ runs
             forward = fn.forward
             if isinstance(forward, types.MethodType) and isinstance(forward.__func__, types.FunctionType):
                 target, pre = forward.__func__, (fn,)
-        if not isinstance(target, types.FunctionType) or _is_library(target):
+        if not isinstance(target, types.FunctionType) or is_library_function(target):
             return fn(*args, **kwargs)
-        cache = get_cache(target.__code__, self.backend, False, self.dynamic)
-        binder = _binder_for(target)
-        L = binder(*pre, *args, **kwargs)
+        return self.call_function(target, *pre, *args, **kwargs)
+
+    def call_function(self, fn, /, *args, **kwargs):
+        """Run the user Python function `fn` as a frame of its own: its cache entry, compiled on a miss."""
+        cache = _cache_for(fn.__code__, self._key, self.backend)
+        L = _binder_for(fn)(*args, **kwargs)
         for e in cache.entries:
-            if e.check(target, L):
-                return e.run(target, L)
-        return cache.miss(target, L, pre + args, kwargs)
+            if e.check(fn, L):
+                return e.run(fn, L)
+        return cache.miss(fn, L, args, kwargs)
 
 
 def _binder_for(fn):
@@ -272,7 +342,16 @@ def _has_hooks(mod):
     return bool(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or mod._backward_pre_hooks)
 
 
-def _is_library(fn):
-    mod = getattr(fn, "__module__", "") or ""
-    return mod.split(".")[0] in ("torch", "logging", "warnings", "inspect", "functools", "typing", "contextlib")
+def is_library_function(fn):
+    """Functions that run natively instead of as compiled frames: torch's, the standard library's and
+    kiln's own (torch.compile skips torch and the standard library too)."""
+    mod = getattr(fn, "__module__", None) or ""
+    found = _LIBRARY_MODULES.get(mod)
+    if found is None:
+        top = mod.split(".")[0]
+        found = _LIBRARY_MODULES[mod] = top in ("torch", "kiln") or top in sys.stdlib_module_names
+    return found
+
+
+_LIBRARY_MODULES = {}  # module name -> is_library_function's answer
 

@@ -16,7 +16,9 @@ class SideEffects:
     DELETED = object()
 
     def store_attr(self, obj_var, name, value):
-        self.attr_stores[(id(obj_var.value), name)] = (obj_var, name, value)
+        """`obj_var.name = value`; keyed by the object (a tensor's by its fake)."""
+        target = obj_var.fake if hasattr(obj_var, "fake") else obj_var.value
+        self.attr_stores[(id(target), name)] = (obj_var, name, value)
 
     def forget_attr(self, obj, name):
         self.attr_stores.pop((id(obj), name), None)
@@ -28,10 +30,11 @@ class SideEffects:
     def store_global(self, source, value):
         # keyed by the dict, not the source: the frame's own globals and a callee's view of the same
         # module's globals (G['x'] vs GD['x']) are one variable
-        self.global_stores[(id(source.gdict), source.name)] = (source, value)
+        self.global_stores[(source.namespace, source.name)] = (source, value)
 
     def load_global(self, source):
-        return self.load_module_global(source.gdict, source.name)
+        entry = self.global_stores.get((source.namespace, source.name))
+        return None if entry is None else entry[1]
 
     def load_module_global(self, gdict, name):
         """A global of `gdict` the frame has stored (also read as `module.name`), or None."""

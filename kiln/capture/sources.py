@@ -9,6 +9,7 @@ Expressions are written against three names bound by the generated code:
   L  the tuple of the frame's bound arguments (or resume-function arguments),
   and constants (dicts, cells) that the CodeContext interns under names like C3.
 """
+import weakref
 
 
 class CodeContext:
@@ -71,7 +72,10 @@ class GlobalSource(Source):
     with other globals stay right); an inlined callee's globals dict is fixed and interned."""
 
     def __init__(self, gdict, name, root):
-        self.gdict, self.name, self.root = gdict, name, root
+        # root globals are read through F; not holding their dict keeps an entry from keeping alive
+        # the namespace of the function it compiled (and whatever that namespace holds)
+        self.gdict, self.name, self.root = (None if root else gdict), name, root
+        self.namespace = id(gdict)  # which module's globals, also for root ones (side effects key by it)
 
     def expr(self, ctx):
         base = "G" if self.root else ctx.const(self.gdict, "GD")
@@ -117,7 +121,8 @@ class AttrSource(Source):
 
 
 class ItemSource(Source):
-    """base[key] for a constant key (an int or str; any stable dict key: a class, a tuple, ...)."""
+    """base[key] for a constant key (an int or str written as is; others interned: torch.Size, a class, a
+    tuple, ...)."""
 
     def __init__(self, base, index):
         self.base, self.index = base, index
@@ -135,10 +140,18 @@ class ItemSource(Source):
 
 
 class ConstSource(Source):
-    """A fixed object (a module's globals, a class): reloaded by identity, never guarded."""
+    """A fixed object (a module's globals, a class): reloaded by identity, never guarded. Held weakly
+    where it can be: a cache entry keeps its guards' sources, and must not keep what they read alive."""
 
     def __init__(self, obj):
-        self.obj = obj
+        try:
+            self._ref = weakref.ref(obj)
+        except TypeError:
+            self._ref = lambda: obj
+
+    @property
+    def obj(self):
+        return self._ref()
 
     def expr(self, ctx):
         return ctx.const(self.obj)
@@ -148,6 +161,22 @@ class ConstSource(Source):
 
     def __repr__(self):
         return f"<{type(self.obj).__name__}>"
+
+
+class TupleSource(Source):
+    """The tuple of several sources' values (a guard over a group: which input tensors alias)."""
+
+    def __init__(self, sources):
+        self.sources = tuple(sources)
+
+    def expr(self, ctx):
+        return "(" + "".join(ctx.sub(s) + ", " for s in self.sources) + ")"
+
+    def key(self):
+        return ("tuple",) + tuple(s.key() for s in self.sources)
+
+    def __repr__(self):
+        return "(" + ", ".join(repr(s) for s in self.sources) + ")"
 
 
 class ConvertedSource(Source):

@@ -8,7 +8,9 @@ A small set on purpose:
   FunctionVariable  a function made inside the frame (MAKE_FUNCTION): code + defaults + cells
   MethodVariable    a function bound to a symbolic self
   FreshObjectVariable   a user-class instance created inside the frame
-  CellVariable, IteratorVariable, SuperVariable, GradModeVariable, NullVariable
+  CellVariable, SuperVariable, GradModeVariable, NullVariable
+  BaseIterator and its kinds (IteratorVariable, SequenceIterator, DictIterator, MapIterator, ...),
+  DictViewVariable  iterators and dict views, lazy and live as CPython's
 Values that came from outside carry a Source; see sources.py.
 """
 import collections
@@ -46,8 +48,23 @@ class Variable:
         return f"{type(self).__name__}({self.source!r})" if self.source else type(self).__name__
 
 
+class HandlerVariable(Variable):
+    """A value that answers its own attribute reads, writes and method calls (an autograd.Function's
+    ctx): objects.getattr_var, setattr_var and call_method hand those to it."""
+
+    def var_getattr(self, frame, name):
+        raise Unsupported(f"attribute {name!r} of {type(self).__name__}")
+
+    def var_setattr(self, frame, name, value):
+        raise Unsupported(f"setting attribute {name!r} of {type(self).__name__}")
+
+    def call_method(self, frame, name, args, kwargs):
+        raise Unsupported(f"method {name} of {type(self).__name__}")
+
+
 class NullVariable(Variable):
-    """The NULL that 3.11 pushes before a callable (PUSH_NULL, LOAD_GLOBAL with the low bit)."""
+    """The NULL slot of a call with no bound self (PUSH_NULL, LOAD_GLOBAL / LOAD_ATTR with the low bit);
+    below the callable on 3.11/3.12, above it on 3.13 (bytecode_facts.NULL_AFTER_CALLABLE)."""
 
     def python_type(self):
         return type(None)
@@ -121,13 +138,14 @@ class NDArrayVariable(Variable):
 
 
 class SymNodeVariable(Variable):
-    """A symbolic size (SymInt) computed in the graph from a dynamic dimension."""
+    """A symbolic number (SymInt, SymFloat or SymBool) in the graph: a dynamic size, a number input
+    made symbolic, an item() under capture_scalar_outputs, or arithmetic on those."""
 
     def __init__(self, node, value):
         self.node, self.value = node, value
 
     def python_type(self):
-        return int if isinstance(self.value, torch.SymInt) else float
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(self.value)]
 
     def __repr__(self):
         return f"Sym({self.value})"
@@ -336,14 +354,21 @@ class CellVariable(Variable):
         return types.CellType
 
 
-class IteratorVariable(Variable):
-    """An iterator over known items; `pos` advances as FOR_ITER/next consume it."""
+class BaseIterator(Variable):
+    """An iterator. Iterators are stateful and lazy, as CPython's are: each is stepped by
+    `objects.iter_next(frame, it)` (the next item's Variable, or None once exhausted), so whatever
+    an item costs (a call of map's function, a generator's body) happens when it is consumed."""
 
-    def __init__(self, items):
-        self.items, self.pos = list(items), 0
+
+class IteratorVariable(BaseIterator):
+    """An iterator over items fixed when it was made (a set's, itertools' results); `cls` is the
+    Python type it stands for. Rebuilt as an iterator over the remaining items."""
+
+    def __init__(self, items, cls=type(iter([]))):
+        self.items, self.pos, self.cls = list(items), 0, cls
 
     def python_type(self):
-        return type(iter([]))
+        return self.cls
 
     def next(self):
         if self.pos >= len(self.items):
@@ -352,7 +377,101 @@ class IteratorVariable(Variable):
         return self.items[self.pos - 1]
 
 
-class GeneratorVariable(Variable):
+class ObjectIterator(BaseIterator):
+    """An iterator object of the user's (its class defines __next__ in Python, often `__iter__` returns
+    self): each step calls its __next__ until that raises StopIteration. Rebuilt as the object."""
+
+    def __init__(self, obj):
+        self.obj, self.done = obj, False
+
+    def python_type(self):
+        return self.obj.python_type()
+
+
+class SequenceIterator(BaseIterator):
+    """`iter(seq)` / `reversed(seq)` over a list, tuple or constant sequence (range, str, ...), as
+    CPython's list_iterator, range_iterator etc.: an index into the live sequence, so items appended
+    to a list while it is iterated are seen. `index` is the next position (counting down when
+    reversed); `done` once exhausted (CPython drops the sequence then)."""
+
+    def __init__(self, seq, reverse=False, length=0):
+        self.seq, self.reverse, self.done = seq, reverse, False
+        self.start = length - 1 if reverse else 0
+        self.index = self.start
+
+    def consumed(self):
+        return self.start - self.index if self.reverse else self.index
+
+    def python_type(self):
+        example = self.seq.value if isinstance(self.seq, ConstantVariable) else \
+            [] if isinstance(self.seq, ListVariable) else ()
+        return type(reversed(example)) if self.reverse else type(iter(example))
+
+
+class DictIterator(BaseIterator):
+    """`iter(d)`, `iter(d.values())`, `iter(d.items())`: position `pos` in the live dict; CPython
+    raises RuntimeError when the dict changes size while iterated, so this remembers `size`."""
+
+    def __init__(self, dict_var, kind):
+        self.dict, self.kind, self.pos, self.size = dict_var, kind, 0, len(dict_var.items)
+
+    def python_type(self):
+        return type(iter(getattr({}, self.kind)()))
+
+
+class DictViewVariable(Variable):
+    """`d.keys()`, `d.values()`, `d.items()`: a live view of the DictVariable `dict` (`kind` is the
+    method name), so a later `d[k] = v` shows in it as in CPython."""
+
+    def __init__(self, dict_var, kind):
+        self.dict, self.kind = dict_var, kind
+
+    def python_type(self):
+        return type(getattr({}, self.kind)())
+
+
+class MapIterator(BaseIterator):
+    """`map(fn, *iterators)`: calls fn only when an item is consumed."""
+
+    def __init__(self, fn, iterators):
+        self.fn, self.iterators = fn, iterators
+
+    def python_type(self):
+        return map
+
+
+class ZipIterator(BaseIterator):
+    """`zip(*iterators, strict=...)`: takes one item from each iterator in turn, stopping at the
+    first exhausted one (the iterators after it are not advanced)."""
+
+    def __init__(self, iterators, strict=False):
+        self.iterators, self.strict = iterators, strict
+
+    def python_type(self):
+        return zip
+
+
+class FilterIterator(BaseIterator):
+    """`filter(fn, iterator)` (fn None: by truth)."""
+
+    def __init__(self, fn, iterator):
+        self.fn, self.iterator = fn, iterator
+
+    def python_type(self):
+        return filter
+
+
+class EnumerateIterator(BaseIterator):
+    """`enumerate(iterator, start)`; `count` is the next index."""
+
+    def __init__(self, iterator, count):
+        self.iterator, self.count = iterator, count
+
+    def python_type(self):
+        return enumerate
+
+
+class GeneratorVariable(BaseIterator):
     """A generator made during capture by calling a generator function. Its frame runs lazily, to the
     next yield on each `next()`, so its side effects interleave with its consumer's as in CPython.
     `return_value`: what the frame returned, once done (StopIteration's value)."""

@@ -23,21 +23,43 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
     from kiln.compiler import aot, graph_cache
     cached = graph_cache.lookup(gm, example_inputs, options) if inner == "cpp" else graph_cache.Lookup(None)
     if cached.runner is not None:  # compiled by an earlier process: no aot, lowering or codegen
-        return cached.runner
+        return _eager_when_mutated_inputs_alias(cached.runner, gm)
     try:
         aten = aot.trace_aten(gm, example_inputs, aot.lowering_decompositions(options.get("fallback_random", False)))
     except aot.AotUnsupported as e:
         log("perf_hints", "graph runs eagerly: %s", e)
         return _inspectable(lambda *args: gm.forward(*args), [], "", "", ["<whole graph>"])
     if inner == "eager":
-        return aot.make_runner(aten, aten.gm.forward)
+        return _eager_when_mutated_inputs_alias(aot.make_runner(aten, aten.gm.forward), gm)
     flat_fn = compile_aten(aten.gm, example_inputs, options, fx_gm=gm)
     cached.store(aten, flat_fn)
-    return aot.make_runner(aten, flat_fn)
+    return _eager_when_mutated_inputs_alias(aot.make_runner(aten, flat_fn), gm)
+
+
+def _eager_when_mutated_inputs_alias(runner, gm):
+    """`runner`, which assumes the inputs it mutates share no memory with other inputs (the
+    functional graph computes every value from the inputs as they were, then writes the new values
+    back), or, on a call where one does (`g(t, t)` with g writing its first argument), the torch
+    graph run eagerly, as eager's order of reads and writes decides the answer there."""
+    from kiln.compiler.aot import mutated_inputs_alias
+    mutated = getattr(runner, "kiln_mutated_inputs", ())
+    if not mutated:
+        return runner
+
+    def run(*args):
+        if mutated_inputs_alias(args, mutated):
+            log("perf_hints", "a mutated input shares memory with another input: the graph runs eagerly")
+            return gm.forward(*args)
+        return runner(*args)
+    for name in dir(runner):
+        if name.startswith("kiln_"):
+            setattr(run, name, getattr(runner, name))
+    return run
 
 
 def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
     """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple."""
+    from kiln.compiler import ir
     from kiln.compiler.build import CompileError
 
     options = options if options is not None else compiler_options()
@@ -47,7 +69,8 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         log("dynamic", "graph runs through aten: %s", unsupported)
         return _run_through_aten(aten_gm)
     try:
-        return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
+        with ir.indirect_scope():
+            return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
     except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
         if options.get("debug"):
             raise

@@ -23,6 +23,7 @@ and views that change the dtype (`view_as_complex`), come back as separate tenso
 no shared storage.
 """
 import dataclasses
+import math
 import operator
 
 import torch
@@ -55,7 +56,9 @@ DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, Gua
 FAKE_DATA_READ = "data is not allocated yet"
 # ... and what functionalization asserts on a mutation it cannot express (zero_ on an expanded view
 # of an intermediate, which eager accepts): such graphs run eagerly
-FUNCTIONALIZE_REFUSED = "DispatchKey::Functionalize"
+FUNCTIONALIZE_REFUSED = ("DispatchKey::Functionalize",
+                         # a write into a tensor whose elements share memory (eager's fill_ accepts it)
+                         "more than one element of the written-to tensor refers to a single memory location")
 
 
 @dataclasses.dataclass
@@ -105,7 +108,7 @@ def trace_aten(gm, example_inputs, decompositions=None) -> AtenGraph:
     try:
         traced = _functional_trace(run, decompositions, trace_inputs, state)
     except (*DATA_DEPENDENT, RuntimeError) as e:
-        if FUNCTIONALIZE_REFUSED in str(e):
+        if any(refusal in str(e) for refusal in FUNCTIONALIZE_REFUSED):
             raise AotUnsupported(f"functionalization refused the graph ({str(e).splitlines()[0]})") from e
         if not isinstance(e, DATA_DEPENDENT) and FAKE_DATA_READ not in str(e):
             raise
@@ -149,12 +152,17 @@ def _symbolic_example_values(gm):
     shapes): tracing those, not the real inputs, keeps the graph valid for every size capture
     will call it with. None when all sizes are static."""
     values = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
-    symbolic = any(isinstance(v, torch.SymInt) or (isinstance(v, FakeTensor) and _has_symbols(v))
-                   for v in values)
+    symbolic = any(is_symbolic(v) for v in values)
     if not symbolic or any(v is None for v in values):
         return None
     # detached: functionalization writes mutated inputs back, which a leaf requiring grad refuses
     return [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def is_symbolic(value):
+    """A symbolic number input (an int or float capture made symbolic), or a fake tensor with
+    symbolic sizes: tracing must use it, not the real value, to serve every value."""
+    return isinstance(value, (torch.SymInt, torch.SymFloat)) or (isinstance(value, FakeTensor) and _has_symbols(value))
 
 
 def _has_symbols(t):
@@ -267,7 +275,7 @@ def _shape(x):
 def _tracing_mode(example_inputs):
     """"symbolic" when the inputs carry symbolic sizes (capture's fake example values)."""
     for x in example_inputs:
-        if isinstance(x, torch.SymInt) or (isinstance(x, FakeTensor) and _has_symbols(x)):
+        if is_symbolic(x):
             return "symbolic"
     return "fake"
 
@@ -399,16 +407,25 @@ def _check_mutated_inputs_do_not_overlap(example_inputs, mutated):
 
 
 def _may_overlap_itself(x):
-    """Whether two elements of `x` may share memory (conservative: walks dims by stride; symbolic
-    layouts are not checked)."""
-    if not all(isinstance(v, int) for v in (*x.shape, *x.stride())) or x.numel() <= 1:
+    """Whether two elements of `x` may share memory (conservative: walks dims by stride). A
+    symbolic size or stride counts at its value in the trace (its hint): the guards keep the
+    layout's kind (an expanded input stays expanded) on every call the graph serves."""
+    shape, strides = [_hint(v) for v in x.shape], [_hint(v) for v in x.stride()]
+    if None in shape or None in strides:
+        return True  # a size read from data: nothing proves the elements apart
+    if math.prod(shape) <= 1:
         return False
     reach = 0  # the furthest offset the smaller-stride dims reach
-    for stride, size in sorted((st, s) for s, st in zip(x.shape, x.stride()) if s != 1):
+    for stride, size in sorted((st, s) for s, st in zip(shape, strides) if s != 1):
         if stride <= reach:
             return True
         reach += (size - 1) * stride
     return False
+
+
+def _hint(v):
+    """An int size or stride; a SymInt's value in the trace (None when it has none)."""
+    return v.node.hint if isinstance(v, torch.SymInt) else v
 
 
 def _state_to_attributes(traced, state_placeholders, names, tensors):
@@ -483,4 +500,14 @@ def make_runner(aten: AtenGraph, flat_fn):
         if name.startswith("kiln_"):
             setattr(run, name, getattr(flat_fn, name))
     run.kiln_aten = aten
+    run.kiln_mutated_inputs = tuple(aten.mutated_inputs)  # assumed to share memory with no other input
     return run
+
+
+def mutated_inputs_alias(args, mutated):
+    """Whether an input in `mutated` (positions) shares storage with another tensor input."""
+    storages = {}
+    for i, x in enumerate(args):
+        if isinstance(x, torch.Tensor):
+            storages.setdefault(x.untyped_storage().data_ptr(), []).append(i)
+    return any(len(storages[args[i].untyped_storage().data_ptr()]) > 1 for i in mutated)

@@ -6,24 +6,31 @@ One call, `load_library(source)`, turns a translation unit into a loaded `ctypes
   never reuses a stale library;
 - the cache lives in `cache_dir()` (KILN_CACHE_DIR, default ~/.cache/kiln), which must be private
   to the user: kiln refuses to load native code from a directory other users can write;
+- the directory and every directory above it must be safe: no one else may rename or replace
+  them (owned by you or root; writable by others only with the sticky bit, as /tmp);
 - files are written atomically (a temp file in the same directory, then `os.replace`), and a
   per-key lock keeps two processes from compiling the same source twice;
-- each library has a sidecar digest; a cached library that is missing it, does not match it or
-  fails to load is rebuilt, never trusted;
+- each library has a sidecar digest over its key and its bytes, so a library is only ever loaded
+  for the key it was built for (two entries' files swapped, checksums and all, do not load); a
+  cached file that is missing, damaged, unreadable or does not match is a miss (rebuilt, with one
+  warning), never an error and never trusted;
 - libraries loaded in this process are kept in memory by key.
 """
 import ctypes
 import dataclasses
 import fcntl
 import functools
+import grp
 import hashlib
 import os
 import pathlib
+import pwd
 import re
 import shutil
 import stat
 import subprocess
 import tempfile
+import warnings
 
 from kiln.debug.logs import log
 from kiln.exc import KilnError
@@ -64,9 +71,15 @@ def cache_dir() -> pathlib.Path:
     """The kiln cache directory: KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln or ~/.cache/kiln.
 
     Created with mode 0o700; raises UnsafeCacheDir when it exists but is owned by another user
-    or writable by group or others.
+    or writable by group or others, or when a directory above it lets another user swap it (see
+    `_check_ancestors`). Returned with symbolic links resolved: the path that was checked is the
+    path files are opened through.
     """
-    return _private_dir(_cache_root())
+    path = _cache_root()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    real = pathlib.Path(os.path.realpath(path))
+    _check_ancestors(real)
+    return _private_dir(real)
 
 
 def _cache_root():
@@ -91,6 +104,57 @@ def _private_dir(path):
     return path
 
 
+def cache_subdir(*names):
+    """A private directory inside the cache (made if need be); a file in its place is damage, removed."""
+    path = cache_dir()
+    for name in names:
+        path = path / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            damaged(path, "a file where a directory should be")
+        path = _private_dir(path)
+    return path
+
+
+def _check_ancestors(path):
+    """Every directory above `path`, up to /, must keep other users from renaming or replacing what
+    is in it: owned by you or root, and writable by others only with the sticky bit (as /tmp is).
+    Otherwise another user could swap the cache directory between kiln's check and its load."""
+    for parent in path.parents:
+        st = os.lstat(parent)
+        if st.st_uid not in (0, os.getuid()):
+            raise UnsafeCacheDir(f"kiln cache directory {path}: the directory above it, {parent}, is owned by "
+                                 f"uid {st.st_uid}, who could replace it; refusing to load native code from "
+                                 "it. Set KILN_CACHE_DIR to a directory whose parents only you (or root) control.")
+        if _others_may_rename_in(st):
+            raise UnsafeCacheDir(f"kiln cache directory {path}: the directory above it, {parent}, is writable "
+                                 f"by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o}), so "
+                                 "another user could swap the cache directory; refusing to load native code "
+                                 f"from it. Run `chmod +t {parent}` or set KILN_CACHE_DIR elsewhere.")
+
+
+def _others_may_rename_in(st):
+    """Another user may rename or delete entries of this directory (not those of theirs only)."""
+    if st.st_mode & stat.S_ISVTX:
+        return False
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and not _group_is_yours_alone(st.st_gid)
+
+
+def _group_is_yours_alone(gid):
+    """A user-private group (the usual primary group): no other user is in it."""
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+        others = {p.pw_name for p in pwd.getpwall() if p.pw_gid == gid} | members
+    except KeyError:
+        return False
+    return others <= {pwd.getpwuid(os.getuid()).pw_name}
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_identity(compiler):
     """The compiler's path and version banner: part of the cache key."""
@@ -112,15 +176,15 @@ def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> c
     if lib is not None:  # checked before any file system call: this is the per-compile hot path
         stats.memory_hits += 1
         return lib
-    directory = _private_dir(_private_dir(cache_dir() / "cpp") / key[:2])
+    directory = cache_subdir("cpp", key[:2])
     so_path = directory / f"{stem}.so"
     with _key_lock(directory / f"{stem}.lock"):
-        lib = _load_verified(so_path)
+        lib = _load_verified(so_path, key)
         if lib is not None:
             stats.disk_hits += 1
         else:
-            _build(source, directory / f"{stem}.cpp", so_path, compiler, flags)
-            lib = _load_verified(so_path)
+            _build(source, directory / f"{stem}.cpp", so_path, compiler, flags, key)
+            lib = _load_verified(so_path, key)
             if lib is None:
                 raise KilnError(f"kiln built {so_path} but could not load it")
     _loaded[memo_key] = lib
@@ -169,37 +233,78 @@ def _digest_path(so_path):
     return so_path.with_suffix(".sha256")
 
 
-def _file_digest(path):
-    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+_DIGEST_FORMAT = "kiln-library-2"  # the first word of a sidecar: digests of older formats are stale, not damaged
 
 
-def _load_verified(so_path):
-    """The library at `so_path` if it exists, matches its recorded digest and loads; else None."""
+def _library_digest(key, data):
+    """The sidecar's text for a library: bound to the key it was built for, not just its bytes."""
+    h = hashlib.sha256()
+    h.update(f"{_DIGEST_FORMAT}\0{key}\0".encode())
+    h.update(data)
+    return f"{_DIGEST_FORMAT} {h.hexdigest()}"
+
+
+def _load_verified(so_path, key):
+    """The library at `so_path` if it exists, is the one built for `key` and loads; else None.
+
+    Any failure to read or check a cached file is a miss, with one warning when a file is there
+    but damaged (never an exception: the caller rebuilds)."""
     try:
-        expected = _digest_path(so_path).read_text().strip()
-        if _file_digest(so_path) != expected:
-            log("perf_hints", "cached library %s does not match its digest: rebuilding", so_path)
-            return None
-        return ctypes.CDLL(str(so_path))
+        data = so_path.read_bytes()
     except FileNotFoundError:
         return None
-    except OSError as e:  # dlopen refused it (truncated, not ELF, ...)
-        log("perf_hints", "cached library %s failed to load (%s): rebuilding", so_path, e)
+    except Exception as e:  # a directory, no permission, an I/O error
+        return damaged(so_path, f"unreadable: {type(e).__name__}: {e}")
+    try:
+        recorded = _digest_path(so_path).read_bytes().decode("ascii").strip()
+    except FileNotFoundError:
+        return damaged(so_path, "its digest is missing")
+    except Exception as e:
+        return damaged(_digest_path(so_path), f"unreadable: {type(e).__name__}: {e}")
+    if re.fullmatch(r"[0-9a-f]{64}", recorded):  # kiln's first format: the bytes' digest alone
+        log("perf_hints", "cached library %s has a digest of an older format: rebuilding", so_path)
         return None
+    if recorded != _library_digest(key, data):
+        return damaged(so_path, "it does not match its digest or was built for another key")
+    try:
+        return ctypes.CDLL(str(so_path))
+    except OSError as e:  # dlopen refused it
+        return damaged(so_path, f"it failed to load ({e})")
 
 
-def _build(source, cpp_path, so_path, compiler, flags):
+def damaged(path, why):
+    warnings.warn(f"kiln: cached file {path} is damaged ({why}); rebuilding it", RuntimeWarning, stacklevel=2)
+    log("perf_hints", "cached file %s is damaged (%s): rebuilding", path, why)
+    _remove(path)
+    return None
+
+
+def _remove(path):
+    """Take a damaged file (or a directory in a file's place) out of the way of the rebuild."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError:
+        pass
+
+
+def _build(source, cpp_path, so_path, compiler, flags, key):
+    for path in (cpp_path, so_path, _digest_path(so_path)):
+        if path.is_dir() and not path.is_symlink():  # something in a file's place: os.replace cannot overwrite it
+            _remove(path)
     _write_atomically(cpp_path, source.encode())
     fd, tmp_so = tempfile.mkstemp(dir=so_path.parent, prefix=so_path.stem, suffix=".so.tmp")
     os.close(fd)
     command = [compiler, *flags, str(cpp_path), "-o", tmp_so]
     try:
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run(command, capture_output=True, text=True, errors="replace")
         if result.returncode != 0:
             raise CompileError(cpp_path, command, result.stderr)
         os.chmod(tmp_so, 0o700)
         # The digest goes first: a reader that sees the new .so always finds its digest.
-        _write_atomically(_digest_path(so_path), _file_digest(tmp_so).encode())
+        _write_atomically(_digest_path(so_path), _library_digest(key, pathlib.Path(tmp_so).read_bytes()).encode())
         os.replace(tmp_so, so_path)
     finally:
         if os.path.exists(tmp_so):

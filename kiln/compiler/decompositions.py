@@ -40,10 +40,19 @@ FUSIBLE_EXTRAS = (
 
 def _copy(self, src, non_blocking=False):
     """aten.copy (what functionalization makes of `x.copy_(src)`): src cast to x's dtype,
-    broadcast to x's shape."""
-    # copy=True: the result is x's new value, never a view of src (an output aliasing src
-    # would see src's later in-place changes, which x in eager does not)
-    return src.to(dtype=self.dtype, device=self.device, copy=True).expand(self.shape)
+    broadcast to x's shape, as a tensor of its own: never a view of src (an output aliasing src
+    would see src's later in-place changes, which x in eager does not), and never an expanded
+    one (x's new value with stride-0 dims: a later write into a view of x, `x[..., :1] = v`, would
+    write into a tensor whose elements share memory, which functionalization refuses)."""
+    return aten.expand_copy.default(src.to(dtype=self.dtype, device=self.device), list(self.shape))
+
+
+def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """aten.embedding as a gather of rows that refuses negative indices, as eager's embedding does
+    (torch's decomposition indexes weight[indices] for 2-d indices, which counts them from the end)."""
+    if weight.dim() != 2:
+        return NotImplemented
+    return weight.index_select(0, indices.reshape(-1)).view(*indices.shape, weight.shape[1])
 
 
 def _pow_bool(self, exponent):
@@ -59,6 +68,7 @@ def _table(fallback_random):
     table = dict(core_aten_decompositions().items())
     table.update((op, decomposition_table[op]) for op in FUSIBLE_EXTRAS)
     table[aten.copy.default] = _copy
+    table[aten.embedding.default] = _embedding
     table[aten.pow.Tensor_Scalar] = _pow_bool
     whole = {getattr(p, o) for p in KEEP_WHOLE for o in p.overloads()}
     return {op: fn for op, fn in table.items()

@@ -16,7 +16,8 @@ on a miss, `Lookup.store(aten, flat_fn)` records the compiled graph after `compi
   graph, so a loaded graph reads the current parameters; baked constant tensors by value), and aot's
   runner metadata (outputs, mutated inputs and module tensors, aliased outputs, the output tree).
 - entries are JSON with a sha256 line in front, written atomically into the private cache directory;
-  a missing, damaged or unloadable entry is a miss, never trusted.
+  a missing, damaged, unreadable or unloadable entry is a miss (a damaged one warns once and is
+  rewritten), never trusted and never an error.
 - not cached (logged under KILN_LOGS=perf_hints): graphs with symbolic sizes, training graphs
   (compile_fx never asks), graphs with submodule calls or non-library targets, graphs that fall back
   to aten as a whole, and any graph whose wrapper holds a value this module cannot describe.
@@ -472,7 +473,7 @@ class _AtenOnDemand:
 
 # ---- entries on disk ------------------------------------------------------------------------------
 def _entry_path(key):
-    return build._private_dir(build._private_dir(build.cache_dir() / "graphs") / key[:2]) / f"{key}.json"
+    return build.cache_subdir("graphs", key[:2]) / f"{key}.json"
 
 
 def _seal(entry):
@@ -481,23 +482,22 @@ def _seal(entry):
 
 
 def _read(key):
-    """The entry stored under `key`, or None when there is none or it is damaged."""
+    """The entry stored under `key`, or None when there is none or it is damaged (any failure to
+    read or parse it is a miss, with one warning, never an error)."""
     path = _entry_path(key)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    except OSError as e:
-        log("perf_hints", "graph cache entry %s unreadable (%s): compiling again", path, e)
-        return None
+    except Exception as e:  # a directory in its place, no permission, an I/O error
+        return build.damaged(path, f"unreadable: {type(e).__name__}: {e}")
     digest, _, body = data.partition(b"\n")
     try:
         if hashlib.sha256(body).hexdigest().encode() != digest:
             raise ValueError("digest mismatch")
         entry = json.loads(body)
-        if entry.get("format") != FORMAT or entry.get("key") != key:
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
             raise ValueError("format or key mismatch")
         return entry
-    except ValueError as e:
-        log("perf_hints", "graph cache entry %s is damaged (%s): compiling again", path, e)
-        return None
+    except Exception as e:
+        return build.damaged(path, str(e))

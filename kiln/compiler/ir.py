@@ -13,17 +13,29 @@ Three ideas, kept small:
 
 Sizes and indices are sympy expressions throughout, so symbolic sizes need no rewrite.
 """
+import contextlib
+import contextvars
 import dataclasses
 from typing import Callable, Optional
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 # dtypes computed in float inside kernels (loaded and stored with a conversion)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # dtypes generated kernels read and write; ops on other dtypes run through aten
 KERNEL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                  torch.bool) + HALF_DTYPES
+# the device types generated kernels run on, and their backend (the C++ one reaches CPU memory
+# only); an op on a tensor of any other device (meta, cuda today) runs through aten
+KERNEL_BACKENDS = {"cpu": "cpp"}
+CPU = torch.device("cpu")
+
+
+def kernel_device(device):
+    """Whether generated kernels may touch memory of `device`."""
+    return device.type in KERNEL_BACKENDS
 
 
 class Expr:
@@ -76,14 +88,32 @@ EXPENSIVE_OPS = {name: 8 for name in (
 EXPENSIVE_OPS.update(truediv=2, sqrt=2, rsqrt=2)
 
 
-# indirect index symbols (an index read from a tensor) -> the Expr that computes them
-_INDIRECT = {}
+# indirect index symbols (an index read from a tensor) -> the Expr that computes them: one table per
+# graph compile (`indirect_scope`), so it is freed with the compile and a graph's symbols are numbered
+# the same in every compile (the same kernel source, the same cached library)
+_INDIRECT_TABLE = contextvars.ContextVar("kiln_indirect_table", default=None)
+_UNSCOPED = {}  # lowerings used outside a compile (tests)
+
+
+def _indirect_table():
+    table = _INDIRECT_TABLE.get()
+    return _UNSCOPED if table is None else table
+
+
+@contextlib.contextmanager
+def indirect_scope():
+    token = _INDIRECT_TABLE.set({})
+    try:
+        yield
+    finally:
+        _INDIRECT_TABLE.reset(token)
 
 
 def indirect(value):
     """A sympy symbol standing for the int64 Expr `value` inside an index."""
-    sym = sympy.Symbol(f"ind{len(_INDIRECT)}", integer=True)
-    _INDIRECT[sym] = value
+    table = _indirect_table()
+    sym = sympy.Symbol(f"ind{len(table)}", integer=True)
+    table[sym] = value
     return sym
 
 
@@ -93,12 +123,13 @@ def const(value, dtype):
 
 def load(name, index, dtype):
     index = sympy.expand(index)
-    bindings = tuple((s, _INDIRECT[s]) for s in sorted(index.free_symbols, key=str) if s in _INDIRECT)
+    table = _indirect_table()
+    bindings = tuple((s, table[s]) for s in sorted(index.free_symbols, key=str) if s in table)
     return Expr("load", (name, index, bindings), dtype)
 
 
 def index_expr(expr, dtype=torch.int64):
-    if any(s in _INDIRECT for s in getattr(expr, "free_symbols", ())):
+    if any(s in _indirect_table() for s in getattr(expr, "free_symbols", ())):
         return cast(_indirect_value(sympy.expand(expr)), dtype)
     return Expr("index", (expr,), dtype)
 
@@ -111,10 +142,11 @@ def _indirect_value(e):
     """An int64 Expr computing index `e` whose indirect symbols are replaced by the Exprs they stand
     for: an "index" leaf cannot carry them (only loads bind indirect symbols), e.g. cat's bounds
     test on a position that gather read from a tensor."""
-    if not any(s in _INDIRECT for s in e.free_symbols):
+    table = _indirect_table()
+    if not any(s in table for s in e.free_symbols):
         return Expr("index", (e,), torch.int64)
-    if e in _INDIRECT:
-        return cast(_INDIRECT[e], torch.int64)
+    if e in table:
+        return cast(table[e], torch.int64)
     for kind, name in _INDEX_OPS:
         if isinstance(e, kind):
             out = _indirect_value(e.args[0])
@@ -140,6 +172,7 @@ class Layout:
     strides: tuple
     dtype: torch.dtype
     offset: sympy.Expr = sympy.Integer(0)
+    device: torch.device = CPU  # where the memory is (kernels compute on CPU)
 
     def index(self, idx):
         return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.Integer(0))
@@ -151,9 +184,18 @@ class Layout:
 
 def size_expr(s):
     """A size, stride or SymInt as sympy: ints become Integers, SymInts their ShapeEnv expression
-    (over symbols s0, s1, ... that the wrapper binds from the inputs at each call)."""
+    (over symbols s0, s1, ... that the wrapper binds from the inputs at each call).
+
+    An expression the guards pin to one value is that value: `y[..., 1::2]` has size s1//2, and
+    when the trace broadcast it against another size it guarded s1//2 == 1; the IR must see the 1,
+    or it would index the dim instead of broadcasting it."""
     if isinstance(s, torch.SymInt):
-        return sympy.sympify(s.node.expr)
+        expr = sympy.sympify(s.node.expr)
+        if not expr.is_Symbol and not expr.is_number:
+            hint = s.node.hint
+            if hint is not None and statically_known_true(s == hint):
+                return sympy.Integer(int(hint))
+        return expr
     return sympy.Integer(int(s))
 
 
@@ -163,11 +205,13 @@ SYMBOL_HINT = 8191
 
 
 def size_hint(e):
-    """A number for ordering size expressions (never for deciding a result)."""
+    """A number for ordering size expressions (never for deciding a result). Its magnitude: a size
+    like 11 - s0 (a slice's length, s0 <= 11 by a guard) is small but comes out negative, and
+    products of sizes must order by their factors."""
     e = sympy.sympify(e)
     if e.is_number:
         return e
-    return e.xreplace({s: sympy.Integer(SYMBOL_HINT) for s in e.free_symbols})
+    return abs(e.xreplace({s: sympy.Integer(SYMBOL_HINT) for s in e.free_symbols}))
 
 
 def is_symbolic(e):

@@ -1,7 +1,7 @@
 """Lower a functional aten graph to kiln's loop IR.
 
 `GraphLowering` walks the aten graph once. Each node is lowered by the function registered for
-its op in `LOWERINGS` (see `kiln.compiler.lowerings`), which returns TensorValues: lazy index
+its op in `LOWERINGS` (see `kiln.compiler.lowering_base`), which returns TensorValues: lazy index
 functions that compose, so pointwise chains cost nothing until a value is realized into a
 buffer. An op with no lowering (or whose lowering declines with `Fallback`) becomes an
 `ExternCall` that the wrapper makes to aten: never an error, named under KILN_LOGS=perf_hints.
@@ -14,9 +14,13 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
-from kiln.compiler.lowerings import LOWERINGS, Fallback, LoweringContext
+from kiln.compiler import lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter
+from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext
+from kiln.compiler.size_facts import SizeFacts
 from kiln.debug.logs import log
 
+# the modules whose lowerings fill LOWERINGS (each registers its own on import)
+LOWERING_MODULES = (lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter)
 # a lazy value with several users is computed once (realized) when it costs more than this
 # (see ir.Expr.cost); cheaper ones are recomputed in each consumer, cheaper than memory traffic
 REALIZE_SHARED_COST = 4
@@ -30,7 +34,7 @@ def sym_sizes(t):
 
 def sym_layout(t):
     # no offset: kernels and views start at the tensor's data_ptr(), which includes it
-    return ir.Layout(sym_sizes(t), tuple(ir.size_expr(s) for s in t.stride()), t.dtype)
+    return ir.Layout(sym_sizes(t), tuple(ir.size_expr(s) for s in t.stride()), t.dtype, device=t.device)
 
 
 def symbol_sources(placeholders):
@@ -71,6 +75,7 @@ class GraphLowering(LoweringContext):
         # size symbol -> Python source reading it from the inputs (empty for static graphs); float
         # symbols (not integer) -> Python source computing them from the size symbols
         self.symbol_sources = {}
+        self.facts = SizeFacts.of_graph(gm)  # what the guards proved about symbolic sizes
 
     # ---- buffers -------------------------------------------------------------------------
     def new_name(self):
@@ -149,9 +154,13 @@ class GraphLowering(LoweringContext):
         """Why `node` must run through aten even though it has a lowering, or None."""
         if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
             return "random op: aten draws the numbers, as eager does"
-        tensors = [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
-        if any(isinstance(t, torch.Tensor) and t.dtype not in ir.KERNEL_DTYPES for t in tensors):
+        values = [a.meta.get("val") for a in node.all_input_nodes] + pytree.tree_leaves(node.meta.get("val"))
+        tensors = [t for t in values if isinstance(t, torch.Tensor)]
+        if any(t.dtype not in ir.KERNEL_DTYPES for t in tensors):
             return "a dtype kernels have no C++ type for"
+        other = [t.device for t in tensors if not ir.kernel_device(t.device)]
+        if other:  # the device seam: kernels of the C++ backend never see another device's memory
+            return f"a tensor on device {other[0]}, which kiln has no kernel backend for"
         return None
 
     def float_symbol(self, value):

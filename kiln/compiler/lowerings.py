@@ -1,10 +1,6 @@
-"""aten op -> TensorValue lowerings, registered in `LOWERINGS`.
-
-A lowering receives the lowering context (see `LoweringContext`), then the node's arguments with
-tensors replaced by TensorValues. Result sizes and dtypes come from the node's fake tensor
-(`ctx.out_meta()`), which is eager's own answer, so promotion and broadcasting match eager by
-construction. A lowering that meets a case it does not handle raises `Fallback`; the op then
-runs through aten.
+"""aten op -> TensorValue lowerings of elementwise math, views, reductions, norms, cat and gathers
+(the machinery they share is in `lowering_base`; pooling, scans and scatters have modules of
+their own). Each registers itself into `LOWERINGS` on import.
 """
 import math
 
@@ -12,110 +8,10 @@ import sympy
 import torch
 
 from kiln.compiler import ir
-from kiln.compiler.ir import Expr, TensorValue, cast, const, index_expr
-
-aten = torch.ops.aten
-prims = torch.ops.prims
-LOWERINGS = {}
-ZERO, ONE = sympy.Integer(0), sympy.Integer(1)
-
-
-class Fallback(Exception):
-    """A lowering declines this case: the op runs through aten instead."""
-
-
-class LoweringContext:
-    """What lowerings may ask of the graph being lowered (GraphLowering implements it)."""
-
-    def realize(self, value, layout=None):
-        raise NotImplementedError
-
-    def reduction(self, sizes, reduction_sizes, reduction_type, inner_fn, dtype):
-        raise NotImplementedError
-
-    def out_meta(self):
-        raise NotImplementedError
-
-
-def register(*ops):
-    def decorate(fn):
-        for op in ops:
-            if isinstance(op, torch._ops.OpOverloadPacket):
-                for name in op.overloads():
-                    if "out" not in name:
-                        LOWERINGS[getattr(op, name)] = fn
-            else:
-                LOWERINGS[op] = fn
-        return fn
-    return decorate
-
-
-def out_sizes(ctx):
-    meta = ctx.out_meta()
-    return tuple(ir.size_expr(s) for s in meta.shape)
-
-
-def scalar(value, dtype):
-    """A Python number, or a size expression (a SymInt argument), as an Expr of `dtype`."""
-    if isinstance(value, sympy.Basic):
-        if not value.free_symbols:
-            return cast(const(int(value), torch.int64), dtype)
-        # a float symbol (a SymFloat from sizes) is a double kernel argument
-        return cast(index_expr(value, torch.int64 if value.is_integer else torch.float64), dtype)
-    return const(value, dtype)
-
-
-def calc_dtype(dtype):
-    """Halves are computed in float."""
-    return torch.float32 if dtype in ir.HALF_DTYPES else dtype
-
-
-def promoted(a, b):
-    """eager's result dtype for a binary op on a and b (TensorValues or Python scalars)."""
-    def rep(x):
-        if isinstance(x, TensorValue):
-            return torch.empty((1,) * min(x.ndim, 1), dtype=x.dtype, device="meta")
-        if isinstance(x, sympy.Basic):  # a size expression is an int, a float symbol a float
-            return 1 if x.is_integer else 1.0
-        return x
-    return torch.result_type(rep(a), rep(b))
-
-
-def broadcast(x, sizes, dtype):
-    """index -> Expr of `x` (TensorValue or scalar) broadcast to `sizes`, converted to `dtype`."""
-    if not isinstance(x, TensorValue):
-        value = scalar(x, dtype)
-        return lambda idx: value
-    n, k = len(sizes), x.ndim
-
-    def load(idx):
-        sub = tuple(ZERO if (s == 1 and o != 1) else i for i, s, o in zip(idx[n - k:], x.sizes, sizes[n - k:]))
-        return cast(x.loader(sub), dtype)
-    return load
-
-
-def pointwise(ctx, fn, *args, compute=None):
-    """The elementwise `fn` over broadcast args: args are converted to `compute` (default: the
-    result dtype, halves in float), fn builds the Expr, the result is converted to the out dtype."""
-    meta = ctx.out_meta()
-    dtype, sizes = meta.dtype, out_sizes(ctx)
-    compute = calc_dtype(compute or dtype)
-    loaders = [broadcast(a, sizes, compute) for a in args]
-    return TensorValue(sizes, dtype, lambda idx: cast(fn(*(l(idx) for l in loaders)), dtype))
-
-
-def op(name, *args, dtype=None):
-    """An Expr; its dtype defaults to the operands' (where: the selected values')."""
-    return Expr(name, args, dtype or (args[1].dtype if name == "where" else args[0].dtype))
-
-
-def check_real(*values):
-    for v in values:
-        if isinstance(v, TensorValue) and (v.dtype.is_complex or v.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)):
-            raise Fallback("complex or float8")
-        if isinstance(v, complex):
-            raise Fallback("complex scalar")
-
+from kiln.compiler.ir import TensorValue, cast, const, index_expr
+from kiln.compiler.lowering_base import (ONE, ZERO, Fallback, aten, broadcast, broadcast_map, calc_dtype, check_real,
+                                         index_checker, norm_dim, op, out_sizes, pointwise, prims, promoted, register,
+                                         scalar)
 
 # ---- elementwise math ----------------------------------------------------------------------
 
@@ -300,8 +196,8 @@ for _target, _name in LOGICAL.items():
 def where(ctx, cond, a, b):
     check_real(a, b)
     sizes, dtype = out_sizes(ctx), ctx.out_meta().dtype
-    c = broadcast(cond, sizes, torch.bool)
-    x, y = broadcast(a, sizes, calc_dtype(dtype)), broadcast(b, sizes, calc_dtype(dtype))
+    c = broadcast(ctx, cond, sizes, torch.bool)
+    x, y = broadcast(ctx, a, sizes, calc_dtype(dtype)), broadcast(ctx, b, sizes, calc_dtype(dtype))
     return TensorValue(sizes, dtype, lambda idx: cast(op("where", c(idx), x(idx), y(idx)), dtype))
 
 
@@ -404,17 +300,13 @@ def view_map(x, sizes, index_map):
             offset = flat.xreplace({s: ZERO for s in syms})
             # torch has no negative strides: such views (flip) stay index maps
             if all(_nonnegative(st) for st in strides) and _nonnegative(offset):
-                layout = ir.Layout(sizes, strides, x.dtype, offset)
+                layout = ir.Layout(sizes, strides, x.dtype, offset, x.view.layout.device)
                 return ir.view_value(x.view.name, layout)
     return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
 
 
 def _nonnegative(e):
     return bool(e >= 0) if e.is_number else e.is_nonnegative is True
-
-
-def norm_dim(d, ndim):
-    return d + max(ndim, 1) if d < 0 else d
 
 
 @register(aten.permute.default, aten.permute_copy.default)
@@ -437,9 +329,7 @@ def transpose(ctx, x, d0=0, d1=1):
 @register(aten.expand.default, aten.expand_copy.default)
 def expand(ctx, x, sizes, implicit=False):
     sizes = out_sizes(ctx)
-    n, k = len(sizes), x.ndim
-    return view_map(x, sizes, lambda idx: [ZERO if (s == 1 and o != 1) else i
-                                           for i, s, o in zip(idx[n - k:], x.sizes, sizes[n - k:])])
+    return view_map(x, sizes, broadcast_map(ctx, x.sizes, sizes))
 
 
 @register(aten.unsqueeze.default, aten.unsqueeze_copy.default)
@@ -470,10 +360,10 @@ def squeeze(ctx, x, dims=None):
 def select(ctx, x, dim, index):
     dim = norm_dim(dim, x.ndim)
     index = sympy.sympify(index)  # an int, or a size expression (x[x.size(0) - 1])
-    if not _nonnegative(index):
-        if not index.is_number:
-            raise Fallback("a select index that may be negative")
-        index = index + x.sizes[dim]
+    if not ctx.facts.known(sympy.Ge(index, 0)):
+        if not ctx.facts.known(sympy.Lt(index, 0)):
+            raise Fallback("a select index that may be negative or not")
+        index = index + x.sizes[dim]  # eager checked it is in range
     return view_map(x, x.sizes[:dim] + x.sizes[dim + 1:],
                     lambda idx: list(idx[:dim]) + [index] + list(idx[dim:]))
 
@@ -484,24 +374,25 @@ def slice_(ctx, x, dim=0, start=None, end=None, step=1):
     if x.sizes[dim].is_number:
         start, end, step = slice(start, end, step).indices(int(x.sizes[dim]))
     else:
-        start = symbolic_slice_start(start, x.sizes[dim])
+        start = slice_start(ctx, start, x.sizes[dim])
     sizes = list(x.sizes)
     sizes[dim] = out_sizes(ctx)[dim]  # the length (end only bounds it): the trace's answer
     return view_map(x, sizes, lambda idx: list(idx[:dim]) + [start + idx[dim] * step] + list(idx[dim + 1:]))
 
 
-def symbolic_slice_start(start, size):
-    """The first index of a slice of a dim of symbolic `size`, when it is known without clamping:
-    0, a non-negative number or expression, or size + a negative int (the trace guarded that it is
-    in range or made the length 0). Else Fallback."""
+def slice_start(ctx, start, size):
+    """The first index of a slice of a dim of symbolic `size`, clamped as Python clamps it: a
+    negative start counts from the end and stops at 0 (x[-512:] of 100 rows starts at row 0), a
+    start past the end stops there. Each clamp stays in the index (Min/Max) unless the guards prove
+    it does nothing; a start whose sign the guards do not fix declines (aten slices it)."""
     if start is None:
         return ZERO
     start = sympy.sympify(start)
-    if _nonnegative(start):
-        return start
-    if start.is_number:
-        return size + start
-    raise Fallback("a slice start that may be negative")
+    if ctx.facts.known(sympy.Ge(start, 0)):
+        return ctx.facts.clamp(start, 0, size)
+    if ctx.facts.known(sympy.Lt(start, 0)):
+        return ctx.facts.clamp(size + start, 0, size)
+    raise Fallback("a slice start that may be negative or not")
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor,
@@ -566,7 +457,8 @@ def view(ctx, x, sizes, *unused):
         if strides is None:
             strides = traced_view_strides(ctx, x.view.layout)
         if strides is not None:
-            return ir.view_value(x.view.name, ir.Layout(sizes, strides, x.dtype, x.view.layout.offset))
+            return ir.view_value(x.view.name, ir.Layout(sizes, strides, x.dtype, x.view.layout.offset,
+                                                        x.view.layout.device))
     index_map = split_only_map(x.sizes, sizes)
     if index_map is not None:
         return TensorValue(sizes, x.dtype, lambda idx: x.loader(tuple(index_map(idx))))
@@ -884,7 +776,8 @@ def in_bounds(sym, lo, hi):
 
 
 def clamped(sym, size):
-    return sympy.Min(sympy.Max(sym, 0), size - 1)
+    """sym clamped into [0, size) (to 0 when size is 0: a load nothing selects stays in bounds)."""
+    return sympy.Min(sympy.Max(sym, 0), sympy.Max(size - 1, 0))
 
 
 @register(aten.cat.default)
@@ -897,6 +790,10 @@ def cat(ctx, tensors, dim=0):
     dim = norm_dim(dim, len(sizes))
     if all(t.sizes[dim] == 0 for t in parts):  # nothing to load from (the result is empty)
         raise Fallback("every part is empty along the cat dim")
+    if any(t.sizes[dim] != 0 and not ctx.facts.known(sympy.Ge(t.sizes[dim], 1)) for t in parts):
+        # each part is loaded (at a clamped index) wherever the cat reads: one that may be empty
+        # when it runs has no element to load
+        raise Fallback("a part whose symbolic length may be 0")
     offsets, start = [], 0
     for t in parts:
         offsets.append(start)
@@ -923,8 +820,8 @@ def cat(ctx, tensors, dim=0):
 def constant_pad_nd(ctx, x, pad, value=0):
     check_real(x)
     sizes, dtype = out_sizes(ctx), x.dtype
-    if any(s == 0 for s in x.sizes):
-        raise Fallback("padding an empty tensor")
+    if not all(ctx.facts.known(sympy.Ge(s, 1)) for s in x.sizes):  # padding reads x at a clamped index
+        raise Fallback("padding a tensor that is or may be empty")
     before = {x.ndim - 1 - k // 2: pad[k] for k in range(0, len(pad), 2)}
 
     def fn(idx):
@@ -938,21 +835,15 @@ def constant_pad_nd(ctx, x, pad, value=0):
     return TensorValue(sizes, dtype, fn)
 
 
-def wrapped_index(value, size):
-    """An int64 index Expr with negative values counted from the end (as eager's indexing)."""
-    v = cast(value, torch.int64)
-    negative = op("lt", v, const(0, torch.int64), dtype=torch.bool)
-    return op("where", negative, op("add", v, scalar(sympy.sympify(size), torch.int64)), v)
-
-
 @register(aten.embedding.default)
 def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     check_real(weight)
     sizes = out_sizes(ctx)
     k = indices.ndim
+    row_of = index_checker(ctx, weight.sizes[0], "embedding rows")
 
     def fn(idx):
-        row = ir.indirect(cast(indices.loader(tuple(idx[:k])), torch.int64))
+        row = row_of(indices.loader(tuple(idx[:k])))
         return weight.loader((row,) + tuple(idx[k:]))
     return TensorValue(sizes, weight.dtype, fn)
 
@@ -963,10 +854,11 @@ def index_select(ctx, x, dim, index):
     if x.ndim == 0:
         raise Fallback("index_select on a 0-d tensor")
     dim = norm_dim(dim, x.ndim)
+    pick_of = index_checker(ctx, x.sizes[dim], f"index_select on dimension {dim}")
 
     def fn(idx):
         pick = index.loader((idx[dim],) if index.ndim else ())
-        return x.loader(tuple(idx[:dim]) + (ir.indirect(cast(pick, torch.int64)),) + tuple(idx[dim + 1:]))
+        return x.loader(tuple(idx[:dim]) + (pick_of(pick),) + tuple(idx[dim + 1:]))
     return TensorValue(out_sizes(ctx), x.dtype, fn)
 
 
@@ -976,10 +868,10 @@ def gather(ctx, x, dim, index, sparse_grad=False):
     dim = norm_dim(dim, x.ndim)
     if x.ndim == 0 or index.ndim != x.ndim:
         raise Fallback("gather on a 0-d tensor")
+    pick_of = index_checker(ctx, x.sizes[dim], f"gather on dimension {dim}")  # no negative indices, as eager
 
     def fn(idx):
-        pick = ir.indirect(wrapped_index(index.loader(tuple(idx)), x.sizes[dim]))
-        return x.loader(tuple(idx[:dim]) + (pick,) + tuple(idx[dim + 1:]))
+        return x.loader(tuple(idx[:dim]) + (pick_of(index.loader(tuple(idx))),) + tuple(idx[dim + 1:]))
     return TensorValue(out_sizes(ctx), x.dtype, fn)
 
 
@@ -991,10 +883,10 @@ def index(ctx, x, indices):
     if len(used) != 1 or indices[used[0]].dtype not in (torch.int64, torch.int32):
         raise Fallback("advanced indexing with several or boolean index tensors")
     dim, ind = used[0], indices[used[0]]
+    row_of = index_checker(ctx, x.sizes[dim], f"indexing dimension {dim}", wraps=True)
 
     def fn(idx):
-        pick = ind.loader(tuple(idx[dim:dim + ind.ndim]))
-        row = ir.indirect(wrapped_index(pick, x.sizes[dim]))
+        row = row_of(ind.loader(tuple(idx[dim:dim + ind.ndim])))
         return x.loader(tuple(idx[:dim]) + (row,) + tuple(idx[dim + ind.ndim:]))
     return TensorValue(out_sizes(ctx), x.dtype, fn)
 
@@ -1012,8 +904,8 @@ def prims_sum(ctx, x, dims, output_dtype=None):
 def broadcast_in_dim(ctx, x, shape, broadcast_dimensions):
     sizes = out_sizes(ctx)
     dims = list(broadcast_dimensions)
-    return view_map(x, sizes, lambda idx: [ZERO if x.sizes[k] == 1 and sizes[d] != 1 else idx[d]
-                                           for k, d in enumerate(dims)])
+    index_map = broadcast_map(ctx, x.sizes, [sizes[d] for d in dims])
+    return view_map(x, sizes, lambda idx: index_map([idx[d] for d in dims]))
 
 
 @register(prims.div.default)
@@ -1026,7 +918,3 @@ def prims_div(ctx, a, b):
 for _target, _name in {prims.mul.default: "mul", prims.add.default: "add", prims.sub.default: "sub",
                        prims.maximum.default: "maximum", prims.minimum.default: "minimum"}.items():
     register(_target)(_binary(_name))
-
-
-# lowerings kept in modules of their own register themselves into LOWERINGS on import
-from kiln.compiler import lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter  # noqa: E402,F401,E501

@@ -21,7 +21,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const, index_expr
-from kiln.compiler.lowerings import Fallback, calc_dtype, check_real, op, out_sizes, register
+from kiln.compiler.lowering_base import Fallback, calc_dtype, check_real, op, out_sizes, register
 
 aten = torch.ops.aten
 ZERO, ONE = sympy.Integer(0), sympy.Integer(1)

@@ -10,7 +10,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.ir import cast, const, index_expr
-from kiln.compiler.lowerings import Fallback, calc_dtype, check_real, op, register
+from kiln.compiler.lowering_base import Fallback, calc_dtype, check_real, op, register
 from kiln.compiler.lowerings_pooling import adaptive_window, avg_pool_of, i64
 from kiln.compiler.lowerings_scan import sequential_buffer
 

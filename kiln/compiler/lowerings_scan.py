@@ -9,7 +9,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast
-from kiln.compiler.lowerings import Fallback, calc_dtype, check_real, norm_dim, register
+from kiln.compiler.lowering_base import Fallback, calc_dtype, check_real, norm_dim, register
 
 aten = torch.ops.aten
 ZERO = sympy.Integer(0)

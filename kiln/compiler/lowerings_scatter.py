@@ -17,7 +17,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const
-from kiln.compiler.lowerings import Fallback, broadcast, check_real, norm_dim, op, register
+from kiln.compiler.lowering_base import Fallback, broadcast, check_real, norm_dim, op, register
 from kiln.compiler.lowerings_scan import sequential_buffer
 
 aten = torch.ops.aten
@@ -157,7 +157,7 @@ def masked_put(ctx, x, d, mask, values, accumulate):
     if k >= 0 and values.sizes[k] != 1:
         raise Fallback("index_put with a mask and values that vary along the selected elements")
     indexed = tuple(x.sizes[:d]) + (ONE,) + tuple(x.sizes[d + mask.ndim:])
-    load_value = broadcast(values, indexed, x.dtype)
+    load_value = broadcast(ctx, values, indexed, x.dtype)
 
     def fn(idx):
         selected = op("ne", cast(mask.loader(tuple(idx[d:d + mask.ndim])), I64), const(0, I64), dtype=torch.bool)
@@ -192,7 +192,7 @@ def index_put(ctx, x, indices, values, accumulate=False):
     source = tuple(x.sizes[d] for d in before) + shape + tuple(x.sizes[d] for d in after)
     slot = {d: k for k, d in enumerate(before)}
     slot.update({d: len(before) + nb + k for k, d in enumerate(after)})
-    load_value = broadcast(values, source, x.dtype)
+    load_value = broadcast(ctx, values, source, x.dtype)
 
     def target(q):
         bq = q[len(before):len(before) + nb]

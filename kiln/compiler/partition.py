@@ -21,7 +21,7 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import optimization_hint
+from kiln.torch_compat import optimization_hint
 
 aten = torch.ops.aten
 

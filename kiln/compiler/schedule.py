@@ -1,8 +1,9 @@
 """Schedule the IR: trace buffers into loop nodes, drop dead ones, fuse them into kernels, and
 decide which buffers need memory at all.
 
-- `LoopNode`: one ComputedBuffer traced with symbolic loop variables (x* outer, r* reduction),
-  its adjacent dims merged where every index allows (so most loops become 1-D or 2-D).
+- `trace`: one ComputedBuffer into a `LoopNode` (see loop_nodes) with symbolic loop variables
+  (x* outer, r* reduction), its adjacent dims merged where every index allows (so most loops
+  become 1-D or 2-D).
 - `Kernel`: nodes that run in one loop nest. A kernel iterates (numel, rnumel): outer points,
   and for each, a reduction extent. A node joins a kernel when its iteration space fits
   (pointwise over numel*rnumel or over numel; reductions over (numel, rnumel)) and every read
@@ -12,7 +13,6 @@ decide which buffers need memory at all.
 - `Program`: kernels and extern calls in order, plus each buffer's storage class.
 """
 import dataclasses
-from typing import Optional
 
 import sympy
 import torch
@@ -20,48 +20,13 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.functions import FloorDiv
 
 from kiln.compiler import ir
-
-
-def loop_var(prefix, k):
-    return sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True)
-
-
-@dataclasses.dataclass
-class LoopNode:
-    name: str
-    layout: ir.Layout
-    sizes: list                  # outer loop sizes (merged)
-    reduction_sizes: list        # reduction loop sizes (merged); [] for pointwise
-    reduction_type: Optional[str]
-    body: ir.Expr                # over vars x0.. (and r0..)
-    store_index: sympy.Expr      # over vars x0..
-    reads: set
-    # a Scan or Scatter (see schedule_sequential): runs alone in its kernel, printed by codegen/cpp_sequential
-    sequential: object = None
-
-    @property
-    def numel(self):
-        return ir.sympy_product(self.sizes)
-
-    @property
-    def rnumel(self):
-        return ir.sympy_product(self.reduction_sizes)
-
-    @property
-    def is_reduction(self):
-        return self.reduction_type is not None
-
-    def vars(self):
-        return [loop_var("x", k) for k in range(len(self.sizes))]
-
-    def rvars(self):
-        return [loop_var("r", k) for k in range(len(self.reduction_sizes))]
+from kiln.compiler.loop_nodes import LoopNode, loop_var, substitute
+from kiln.compiler.schedule_sequential import trace_sequential
 
 
 def trace(buf: ir.ComputedBuffer) -> LoopNode:
     data = buf.data
     if isinstance(data, (ir.Scan, ir.Scatter)):
-        from kiln.compiler.schedule_sequential import trace_sequential
         return trace_sequential(buf)
     reduction = isinstance(data, ir.Reduction)
     outer = _vars_for(data.ranges, "x")
@@ -150,26 +115,6 @@ def _merge_dims(body, store, sizes, rsizes):
     return substitute(body, renames), sympy.expand(store.xreplace(renames)), sizes, rsizes
 
 
-def substitute(expr, mapping):
-    """`expr` with sympy symbols in its indices replaced per `mapping` (the DAG is preserved)."""
-    memo = {}
-
-    def go(e):
-        if id(e) in memo:
-            return memo[id(e)]
-        if e.op == "load":
-            name, index, bindings = e.args
-            new = ir.Expr("load", (name, sympy.expand(index.xreplace(mapping)),
-                                   tuple((s, go(v)) for s, v in bindings)), e.dtype)
-        elif e.op == "index":
-            new = ir.Expr("index", (sympy.expand(e.args[0].xreplace(mapping)),), e.dtype)
-        else:
-            new = ir.Expr(e.op, tuple(go(a) if isinstance(a, ir.Expr) else a for a in e.args), e.dtype)
-        memo[id(e)] = new
-        return new
-    return go(expr)
-
-
 # ---- kernels ------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -188,6 +133,8 @@ class Kernel:
     def dims(self):
         """(outer sizes, inner sizes) of the loop nest: the common refinement of the nodes' dims,
         or (None, None) when the nodes' dims do not nest."""
+        if len(self.nodes) == 1:  # its own dims (no ordering of symbolic sizes to get wrong)
+            return list(self.nodes[0].sizes), list(self.nodes[0].reduction_sizes)
         outer, inner = {self.numel}, {self.rnumel}
         for node in self.nodes:
             role = self.role(node)

@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from kiln.compiler import ir
-from kiln.compiler.schedule import LoopNode, loop_var, substitute
+from kiln.compiler.loop_nodes import LoopNode, loop_var, substitute
 
 
 @dataclasses.dataclass

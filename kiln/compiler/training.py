@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.compiler.aot import rebuilder, trace_aten
+from kiln.compiler.aot import is_symbolic, rebuilder, trace_aten
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
 from kiln.debug.logs import enabled, log
@@ -377,17 +377,13 @@ def _traced_inputs(gm, example_inputs):
     each placeholder its fake value, with symbolic sizes where a dimension is dynamic: when there
     are any, trace with those, so one compiled graph serves every size."""
     fakes = [p.meta.get("example_value") for p in gm.graph.find_nodes(op="placeholder")]
-    if len(fakes) != len(example_inputs) or not any(_has_symbolic_size(f) for f in fakes):
+    if len(fakes) != len(example_inputs) or not any(is_symbolic(f) for f in fakes):
         return list(example_inputs)
-    traced = [f if isinstance(f, FakeTensor) else x for f, x in zip(fakes, example_inputs)]
+    traced = [f if is_symbolic(f) or isinstance(f, FakeTensor) else x for f, x in zip(fakes, example_inputs)]
     if any(t.requires_grad != x.requires_grad for t, x in zip(traced, example_inputs)
            if isinstance(x, torch.Tensor)):
         return list(example_inputs)  # not the values these inputs were captured from
     return traced
-
-
-def _has_symbolic_size(x):
-    return isinstance(x, FakeTensor) and any(isinstance(s, torch.SymInt) for s in x.shape)
 
 
 def _fake_mode(example_inputs):

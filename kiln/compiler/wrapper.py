@@ -15,7 +15,6 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
-from kiln.compiler.codegen.cpp_sequential import ScatterIndexError
 from kiln.compiler.schedule import Kernel
 
 
@@ -99,17 +98,16 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
             fn = getattr(lib, entry.name)
             fn.argtypes = ([ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
                            + [ctypes.c_double if name in float_names else ctypes.c_int64 for name in entry.sizes]
-                           + [ctypes.c_void_p] * entry.checks_indices)
+                           + [ctypes.c_void_p] * bool(entry.checks))
             fn.restype = None
             call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
                          + list(entry.sizes))
-            if entry.checks_indices:  # a scatter kernel reports an out-of-range index here
-                src.line("err = ctypes.c_int64(0)")
+            if entry.checks:  # a failed check in the kernels reports (code, index, bound) here
+                src.line("err = (ctypes.c_int64 * 3)()")
                 call_args.append("ctypes.addressof(err)")
             src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
-            if entry.checks_indices:
-                src.line(f"if err.value: raise {src.constant(ScatterIndexError, 'error')}("
-                         "'index out of bounds in a scatter or index_put (kiln kernel)')")
+            if entry.checks:
+                _raise_failed_check(src, entry.checks)
         else:
             _extern(src, step, buffers, kernel_read)
     outs = []
@@ -126,6 +124,15 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
     scope = dict(src.globals)
     exec(compile(code, "<kiln wrapper>", "exec"), scope)
     return scope["kiln_graph"], code
+
+
+def _raise_failed_check(src, sites):
+    """After an entry returns: raise the error of the check that failed, if one did (its code is in
+    err[0], the index and bound it saw in err[1:]); see codegen/cpp_memory."""
+    src.line("if err[0]:")
+    for site in sites:
+        error = src.constant(site.error, "error")
+        src.line(f"if err[0] == {site.code}: raise {error}({site.message!r}.format(index=err[1], bound=err[2]))", 2)
 
 
 def _bind_symbols(src, symbols):

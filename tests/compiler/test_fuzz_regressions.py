@@ -7,12 +7,12 @@ import torch.nn.functional as F  # noqa: F401 - programs below may use it
 import kiln
 
 
-def check(fn, make_inputs, exact=True, **options):
+def check(fn, make_inputs, exact=True, dynamic=None, **options):
     """fn compiled vs eager; `make_inputs()` returns fresh inputs each call (they may be mutated)."""
     eager_in, kiln_in = make_inputs(), make_inputs()
     expected = fn(*eager_in)
     kiln.reset()
-    actual = kiln.compile(fn, options={"debug": True, **options})(*kiln_in)
+    actual = kiln.compile(fn, dynamic=dynamic, options={"debug": True, **options})(*kiln_in)
     tol = {"rtol": 0, "atol": 0} if exact else {}
     torch.testing.assert_close(actual, expected, equal_nan=True, **tol)
     torch.testing.assert_close(kiln_in, eager_in, equal_nan=True, **tol)
@@ -173,3 +173,54 @@ def test_identity_lowered_output_is_not_the_input():
     x = torch.arange(6.0).view(2, 3)
     c, t = kiln.compile(clone)(x)
     assert c.data_ptr() != x.data_ptr() and t.data_ptr() == x.data_ptr()
+
+
+def test_write_into_a_view_after_a_broadcast_copy_dynamic():
+    # x.copy_(0-d v) gave x a new value that was v expanded (stride 0); with dynamic=True the
+    # later x[..., :1] = v then wrote into a tensor whose elements share memory, which
+    # functionalization refuses: BackendCompilerFailed (aot_eager too); static compiled
+    def argmax_copy(x):
+        v = x.argmax()
+        x.copy_(v)
+        x[:, :, :, :1] = v
+        return v
+
+    def row_copy(x, r):
+        x.copy_(r)
+        x[0] = 2.0
+        x[:, 1:] += 1
+        return x * 2
+
+    cases = [(argmax_copy, lambda: (grid(1, 2, 2, 12),)),
+             (row_copy, lambda: (grid(3, 4), grid(4, seed=1)))]
+    for fn, make in cases:
+        for backend in ("aot_eager", "inductor"):
+            for dynamic in (False, True):
+                eager_in, kiln_in = make(), make()
+                expected = fn(*eager_in)
+                kiln.reset()
+                actual = kiln.compile(fn, backend=backend, dynamic=dynamic)(*kiln_in)
+                torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+                torch.testing.assert_close(kiln_in, eager_in, rtol=0, atol=0)
+
+
+def test_slice_whose_symbolic_length_decreases_with_the_size():
+    # a0[:, -3:8] of a symbolic dim s (8 <= s) has length 11 - s: ordering loop sizes by a hint
+    # that put every symbol at 8191 made it negative, and the kernel's loop dims came out None
+    check(lambda a: a[:, -3:8:1], lambda: (torch.ones(13, 8, dtype=torch.bool),), dynamic=True)
+    check(lambda a: a[:, -3:8] * 2 + a[:, 1:3].sum(1, keepdim=True), lambda: (grid(5, 9),), dynamic=True)
+
+
+def test_fill_of_an_expanded_input_after_an_automatic_dynamic_recompile():
+    # an expanded (stride-0) input written by fill_ runs eagerly; once its size became symbolic
+    # the overlap check skipped it (symbolic layouts were not checked) and functionalization
+    # refused the write: BackendCompilerFailed
+    def fn(a, b):
+        b.fill_(2.0)
+        return torch.clamp(a, -1.25, 0.5)
+    kiln.reset()
+    compiled = kiln.compile(fn, options={"debug": True})
+    for n in (7, 5, 9):
+        eager_in, kiln_in = [(grid(3, 1), torch.zeros(1).expand(n)) for _ in range(2)]
+        torch.testing.assert_close(compiled(*kiln_in), fn(*eager_in), rtol=0, atol=0)
+        torch.testing.assert_close(kiln_in, eager_in, rtol=0, atol=0)

@@ -1,5 +1,5 @@
 """Real model code captured and correct vs eager: torch.nn.TransformerEncoderLayer, and Hugging Face
-GPT-2 and BERT from small configs with random weights (no downloads)."""
+GPT-2, BERT and Llama from small configs with random weights (no downloads)."""
 import pytest
 import torch
 
@@ -27,6 +27,19 @@ def bert():
     config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=128, vocab_size=100)
     return transformers.BertModel(config).eval()
+
+
+def llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                      max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+HF_MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama}
+GPT2_BERT = {"gpt2": gpt2, "bert": bert}  # the longer tests, where Llama adds time and no new construct
 
 
 def token_ids():
@@ -91,14 +104,14 @@ def test_transformer_encoder_layer_default_backend():
         torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("build", [gpt2, bert], ids=["gpt2", "bert"])
+@pytest.mark.parametrize("build", GPT2_BERT.values(), ids=GPT2_BERT.keys())
 def test_hf_model_counting_backend(build):
     counter = CompileCounter()
     run_hf(build(), counter)
     assert counter.frame_count >= 1
 
 
-@pytest.mark.parametrize("build", [gpt2, bert], ids=["gpt2", "bert"])
+@pytest.mark.parametrize("build", HF_MODELS.values(), ids=HF_MODELS.keys())
 def test_hf_model_default_backend(build):
     run_hf(build(), "inductor")
 
@@ -123,14 +136,14 @@ def test_transformer_encoder_layer_single_graph_like_torch_compile():
     assert counter.frame_count == 1
 
 
-@pytest.mark.parametrize("build", [gpt2, bert], ids=["gpt2", "bert"])
+@pytest.mark.parametrize("build", HF_MODELS.values(), ids=HF_MODELS.keys())
 def test_hf_model_single_graph_like_torch_compile(build):
     counter = CompileCounter()
     run_hf(build(), counter)
     assert counter.frame_count == 1
 
 
-@pytest.mark.parametrize("build", [gpt2, bert], ids=["gpt2", "bert"])
+@pytest.mark.parametrize("build", GPT2_BERT.values(), ids=GPT2_BERT.keys())
 def test_hf_model_varying_sequence_length(build):
     model = build()
     counter = CompileCounter()

@@ -15,6 +15,7 @@ most loads walk memory along the last output dim rather than the reduced one.
 import sympy
 
 from kiln.compiler import ir
+from kiln.compiler.codegen.cpp_exprs import ExprPrinter, cindex, compute_ctype, reduction_init, simd_reduction_op
 
 BLOCK = 64     # output points per block: accumulators stay in L1, the inner loop is long enough to vectorize
 MIN_COLUMNS = 8
@@ -31,7 +32,6 @@ def fits(writer, stages):
     reductions = [n for n in first if n.is_reduction]
     if not reductions or any(n.reduction_type in ir.ARG_REDUCTIONS for n in reductions):
         return False
-    from kiln.compiler.codegen.cpp import compute_ctype, simd_reduction_op
     if any(simd_reduction_op(n.reduction_type, compute_ctype(n.body.dtype)) is None for n in reductions):
         return False
     columns = writer.outer[-1]
@@ -68,7 +68,6 @@ def _favours_columns(x_stride, r_stride):
 
 def write_columns(writer, stages, parallel):
     """The loop nest of a kernel `fits` accepted (lines inside the kernel's braces)."""
-    from kiln.compiler.codegen.cpp import ExprPrinter, cindex
     first, rest = stages[0], stages[1:]
     outer = writer.outer
     x = writer.outer_vars[-1].name
@@ -77,7 +76,7 @@ def write_columns(writer, stages, parallel):
     lines.append(f"{pad}const int64_t {x}_end = std::min<int64_t>({x}b + {BLOCK}, {cindex(outer[-1])});")
     accs = _declare_accumulators(writer, first, lines, pad, x)
     inner_lines = []
-    printer = ExprPrinter(inner_lines, depth + 2 + len(writer.inner), writer.pointers, writer.locals,
+    printer = ExprPrinter(inner_lines, depth + 2 + len(writer.inner), writer.memory, writer.locals,
                           writer.rows, set(writer.locals))
     writer.write_loop_body(first, accs, printer)
     for i, size in enumerate(writer.inner):
@@ -100,7 +99,6 @@ def write_columns(writer, stages, parallel):
 
 def _block_loops(writer, parallel):
     """Loops over the output dims but the last, then over blocks of the last (`x<n>b`)."""
-    from kiln.compiler.codegen.cpp import cindex
     outer, lines = writer.outer, []
     x = writer.outer_vars[-1].name
     if parallel:
@@ -113,7 +111,6 @@ def _block_loops(writer, parallel):
 
 
 def _declare_accumulators(writer, stage, lines, pad, x):
-    from kiln.compiler.codegen.cpp import reduction_init
     accs = {}
     for node in stage:
         if node.is_reduction:
@@ -127,10 +124,9 @@ def _declare_accumulators(writer, stage, lines, pad, x):
 
 def _finish(writer, first, rest, accs, depth, x):
     """Per output point of the block: the reductions' results, then the work that follows them."""
-    from kiln.compiler.codegen.cpp import ExprPrinter
     pad = "  " * depth
     body = []
-    printer = ExprPrinter(body, depth + 1, writer.pointers, writer.locals)
+    printer = ExprPrinter(body, depth + 1, writer.memory, writer.locals)
     for node in first:
         if node.is_reduction:
             printer.mapping = writer.maps[node.name]

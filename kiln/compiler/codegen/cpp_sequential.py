@@ -4,27 +4,18 @@ A scan keeps one accumulator per outer point and walks the scan dim in order, st
 running value at every step (outer points split among threads). A scatter first copies its
 initial value over the whole output (parallel), then walks the source points: dims where two
 points may hit one element run in order (so the last write wins, as in eager's CPU kernels), the
-others in parallel. A data-dependent position out of range writes nothing and sets `*kiln_err`;
-the wrapper raises (eager raises there too).
+others in parallel. A data-dependent position out of range writes nothing and records the failure
+(codegen/cpp_memory); the wrapper raises (eager raises there too).
 """
 import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv
 
 from kiln.compiler import ir
-from kiln.compiler.codegen.cpp import CTYPES, ExprPrinter, cindex, compute_ctype, reduction_init
-from kiln.compiler.schedule import loop_var
-from kiln.compiler.schedule_sequential import ScanPlan, ScatterPlan, position_symbol
-
-ERROR_FLAG = "kiln_err"  # the entry parameter (int64_t*) a scatter sets on an out-of-range index
-
-
-class ScatterIndexError(IndexError, RuntimeError):
-    """A scatter index out of range (eager raises RuntimeError for scatter, IndexError for index_put)."""
-
-
-def needs_error_flag(kernel):
-    return any(isinstance(n.sequential, ScatterPlan) for n in kernel.nodes)
+from kiln.compiler.codegen.cpp_exprs import CTYPES, ExprPrinter, cindex, compute_ctype, reduction_init
+from kiln.compiler.codegen.cpp_memory import ERROR_FLAG
+from kiln.compiler.loop_nodes import loop_var
+from kiln.compiler.schedule_sequential import ScanPlan, position_symbol
 
 
 def write_sequential(writer):
@@ -104,11 +95,12 @@ def _scan_step(writer, node, indent, acc, acc_i):
     """The body of one scan step (position r0): the value, the update, the store."""
     plan = node.sequential
     lines = []
-    value = ExprPrinter(lines, indent, writer.pointers, {}).expr(node.body)
+    value = ExprPrinter(lines, indent, writer.memory, {}).expr(node.body)
     t = compute_ctype(plan.acc_dtype)
     lines += ["  " * indent + line for line in _scan_update(plan.scan_type, acc, acc_i, value, t, node.name)]
     result = acc_i if plan.scan_type in ("argmax", "argmin") else acc
-    lines.append("  " * indent + f"{node.name}[{cindex(node.store_index)}] = {_store(node.layout.dtype, result)};")
+    lines.append("  " * indent + writer.memory.store(node.name, cindex(node.store_index),
+                                                      _store(node.layout.dtype, result)))
     return lines
 
 
@@ -151,9 +143,9 @@ def _scatter(writer, node):
     outer = [loop_var("x", k) for k in range(len(node.sizes))]
     indent = 2 + len(outer)
     init_lines = []
-    printer = ExprPrinter(init_lines, indent, writer.pointers, {})
-    init_lines.append("  " * indent + f"{node.name}[{cindex(node.store_index)}] = "
-                      f"{_store(dtype, printer.expr(node.body))};")
+    printer = ExprPrinter(init_lines, indent, writer.memory, {})
+    init_lines.append("  " * indent + writer.memory.store(node.name, cindex(node.store_index),
+                                                           _store(dtype, printer.expr(node.body))))
     clauses = _parallel(writer, node.numel, node.numel)
     lines = _loops([v.name for v in outer], node.sizes, init_lines, 2, len(outer), clauses)
     return lines + _scatter_loops(writer, node)
@@ -207,21 +199,22 @@ def _scatter_point(writer, node, indent, identity):
     plan = node.sequential
     pad = "  " * (indent + 1)
     lines = ["  " * indent + "do {"]
-    printer = ExprPrinter(lines, indent + 1, writer.pointers, {})
+    printer = ExprPrinter(lines, indent + 1, writer.memory, {})
     bound = {}
     for k, (position, size) in enumerate(zip(plan.positions, plan.out_sizes)):
         if isinstance(position, ir.Expr):
             name = f"p{k}_{node.name}"
             lines.append(f"{pad}const int64_t {name} = (int64_t){printer.expr(position)};")
-            lines.append(f"{pad}if ({name} < 0 || {name} >= {cindex(size)}) "
-                         f"{{ __atomic_store_n({ERROR_FLAG}, (int64_t)1, __ATOMIC_RELAXED); break; }}")
+            code = writer.memory.index_site(f"a scatter into dimension {k}")
+            lines.append(f"{pad}if (!kiln_in_bounds({name}, {cindex(size)}, {ERROR_FLAG}, {code})) break;")
             bound[position_symbol(k)] = sympy.Symbol(name, integer=True)
-    target = f"{node.name}[{cindex(plan.target_index.xreplace(bound))}]"
+    target = cindex(plan.target_index.xreplace(bound))
     ctype = CTYPES[node.layout.dtype]
     if identity:
-        lines.append(f"{pad}{target} = {reduction_init(plan.mode, ctype)};")
+        lines.append(pad + writer.memory.store(node.name, target, reduction_init(plan.mode, ctype)))
     else:
-        lines.append(f"{pad}{target} = {_combine(plan.mode, target, printer.expr(plan.value), ctype)};")
+        value = printer.expr(plan.value)
+        lines.append(pad + writer.memory.store(node.name, target, lambda old: _combine(plan.mode, old, value, ctype)))
     lines.append("  " * indent + "} while (0);")
     return lines
 

@@ -45,8 +45,16 @@ def with_closure(x):
     return inner()
 
 
+def first_on_line(fn, text):
+    """Offset of the first instruction of the line of `fn` that contains `text` (the stack is empty there)."""
+    import inspect
+    lines, start = inspect.getsourcelines(fn)
+    lineno = start + next(n for n, line in enumerate(lines) if text in line)
+    return next(i.offset for i in dis.get_instructions(fn) if i.positions.lineno == lineno)
+
+
 def test_resume_code_receives_cells_as_free_variables():
-    off = offset_of(with_closure, "PUSH_NULL")
+    off = first_on_line(with_closure, "return inner()")
     code = resume_code(with_closure.__code__, off, [], ["inner"])
     assert code.co_freevars == ("k",) and not code.co_cellvars
     cell = types.CellType(7)
@@ -54,3 +62,56 @@ def test_resume_code_receives_cells_as_free_variables():
     inner = types.FunctionType(inner_code, {}, "inner", None, (cell,))
     fn = types.FunctionType(code, with_closure.__globals__, "r", None, (cell,))
     assert fn(inner) == 8
+
+
+def test_resume_code_makes_a_closure_over_a_handed_over_cell():
+    # resume before `def inner`: the resume function builds the closure itself, over the cell it was
+    # handed as a free variable (3.13 loads that cell with LOAD_FAST, 3.11/3.12 with LOAD_CLOSURE)
+    off = first_on_line(with_closure, "def inner")
+    code = resume_code(with_closure.__code__, off, [], [])
+    cell = types.CellType(7)
+    fn = types.FunctionType(code, with_closure.__globals__, "r", None, (cell,))
+    assert fn() == 9 and cell.cell_contents == 8
+
+
+def swaps(a, b):
+    a, b = b, a          # 3.13: STORE_FAST_STORE_FAST
+    c = a * 2            # 3.13: STORE_FAST_LOAD_FAST between these lines
+    d = a + b            # 3.13: LOAD_FAST_LOAD_FAST
+    return c + d
+
+
+def test_live_locals_through_paired_local_instructions():
+    assert live_locals(swaps.__code__, first_on_line(swaps, "a, b = b, a")) == {"a", "b"}
+    assert live_locals(swaps.__code__, first_on_line(swaps, "c = a * 2")) == {"a", "b"}
+    assert live_locals(swaps.__code__, first_on_line(swaps, "d = a + b")) == {"a", "b", "c"}
+    assert live_locals(swaps.__code__, first_on_line(swaps, "return")) == {"c", "d"}
+
+
+def test_resume_after_paired_local_instructions():
+    off = first_on_line(swaps, "d = a + b")
+    code = resume_code(swaps.__code__, off, [], ["a", "b", "c"])
+    assert types.FunctionType(code, {})(3, 1, 6) == swaps(1, 3)
+
+
+def with_try(x, y):
+    try:
+        z = 10 // y            # ZeroDivisionError for y == 0: the handler below; TypeError for None: out
+    except ZeroDivisionError:
+        z = -1
+    return z + x
+
+
+def test_resume_inside_a_try_keeps_handlers_and_line_numbers():
+    import inspect
+    import traceback
+    off = first_on_line(with_try, "z = 10 // y")
+    code = resume_code(with_try.__code__, off, [], ["x", "y"])
+    fn = types.FunctionType(code, {})
+    assert fn(1, 2) == with_try(1, 2) and fn(1, 0) == with_try(1, 0)  # the exception table survived
+    try:
+        fn(1, None)
+    except TypeError as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+    lines, start = inspect.getsourcelines(with_try)
+    assert "z = 10 // y" in lines[frame.lineno - start]  # the line table maps to the user's line

@@ -60,7 +60,7 @@ def test_break_inside_try_reaches_the_frames_handler():
 def test_cache_size_limit_warns_once_and_stays_correct():
     def f(x, n):
         return x + n
-    compiled = kiln.compile(f, backend=CompileCounter())
+    compiled = kiln.compile(f, backend=CompileCounter(), dynamic=False)  # one entry per value of n
     with kiln.config.patch(cache_size_limit=2), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(5):
