@@ -68,6 +68,7 @@ VARIABLE_MODELS = {}  # a Variable class modelled in its own module (function_ob
 MODULE_MODELS = {}  # top-level library module whose callables capture models as a whole ("numpy") -> TypeModel
 TENSOR_METHODS = {}  # Tensor method modelled in another module ("numpy") -> handler(frame, t, args, kwargs)
 SUBCLASS_CONSTRUCTORS = {}  # builtin base (list) -> handler(frame, cls, args, kwargs) for its subclasses, or None
+ITERATOR_STEPS = {}  # an iterator Variable kind defined in its own module -> fn(frame, it) -> next item or None
 CONSTRUCTORS = {}  # library class whose construction another module models -> handler(frame, args, kwargs);
 # a metaclass (EnumMeta) -> handler(frame, cls, args, kwargs) for every class made with it
 
@@ -806,6 +807,8 @@ def iter_next(frame, it):
             return None
         it.count += 1
         return make_tuple([const(it.count - 1), item])
+    if (step := ITERATOR_STEPS.get(type(it))) is not None:
+        return step(frame, it)
     raise Unsupported(f"next() on {describe(it)}")
 
 
