@@ -479,3 +479,17 @@ def test_distribution_argument_validation_still_raises():
     torch.testing.assert_close(compiled(loc, torch.ones(3)), fn(loc, torch.ones(3)))
     with pytest.raises(ValueError):
         compiled(t(3), -torch.ones(3))  # a negative scale: eager's validation error
+
+
+# ---- profiler labels: no computation, no break ------------------------------------------------------------------
+def labelled_regions(x):
+    y = x ** 2
+    with torch.autograd.profiler.record_function("outer") as label:
+        y = y + 2
+        with torch.profiler.record_function("inner"):
+            z = y ** 3
+    return z + 1, label.name
+
+
+def test_record_function_blocks_one_graph():
+    check_graphs(labelled_regions, t(2, 2), graphs=1, fullgraph=True)
