@@ -1695,6 +1695,7 @@ def _construct_module(frame, cls, args, kwargs):
             not torch.equal(rng, torch.random.get_rng_state()):
         torch.random.set_rng_state(rng)
         raise Unsupported(f"creating module {cls.__qualname__} (with parameters or buffers) inside compiled code")
+    frame.og.guards.const(module, "MADE")  # owned by the entry (its guards hold what they check weakly)
     return frame.og.wrap(module, ConstSource(module))
 
 

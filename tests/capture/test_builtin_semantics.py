@@ -104,6 +104,14 @@ def test_one_graph(fn):
     check_graphs(fn, *args, graphs=1, fullgraph=True)
 
 
+def test_modules_made_in_forward_compile_once():
+    counter = CompileCounter()
+    compiled = kiln.compile(modules_made_in_forward, backend=counter, fullgraph=True)
+    for _ in range(3):
+        assert_same(modules_made_in_forward, compiled, t(3))
+    assert counter.frame_count == 1  # the entry owns the module it made (its guards hold it weakly)
+
+
 def test_a_changed_recursion_limit_recompiles():
     counter = CompileCounter()
     fn = lambda x: x * sys.getrecursionlimit()  # noqa: E731
