@@ -275,3 +275,26 @@ class _OwnCall(torch.nn.Module):
 def test_module_subclass_with_its_own_call_runs_it():
     mod = _OwnCall()
     check_graphs(lambda x: mod(x) - 1, t(3), graphs=1, fullgraph=True)
+
+
+class _ShadowingMeta(type):
+    @property
+    def __dict__(cls):  # a metaclass's properties shadow type's own __dict__ and __mro__
+        return {"shadow": 1}
+
+    @property
+    def __mro__(cls):
+        return ("shadow",)
+
+
+class _Shadowed(metaclass=_ShadowingMeta):
+    marker = 7
+
+
+def reads_shadowed_class_attributes(x):
+    return x + _Shadowed.__dict__["shadow"] + len(_Shadowed.__mro__)
+
+
+def test_metaclass_shadowing_mro_and_dict_is_read_as_python_does():
+    # (was an internal error: the class watch walked the shadowing __mro__)
+    check_graphs(reads_shadowed_class_attributes, t(2), graphs=1, fullgraph=True)
