@@ -248,6 +248,11 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
             raise
         raise EagerFrame(f"{e.msg}; {code.co_qualname} runs eagerly") from e
     og.watch.note(f"the values {code.co_qualname} returns or passes on")
+    if _only_grad_mode_switches(og.graph):  # no computation: no graph, the switch runs natively
+        for node in [n for n in og.graph.nodes if n.op == "call_function"]:
+            og.graph.erase_node(node)
+        if og.grad_enabled != og.grad_at_entry:
+            tail = [f"{glue.const(torch._C._set_grad_enabled, 'SETGRAD')}({og.grad_enabled})"] + tail
     graph_fn, gm = _compile_graph(og, glue, backend, code)
     og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
@@ -286,6 +291,11 @@ def _compile_graph(og, glue, backend, code):
             raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
         raise BackendCompilerFailed(backend.name, e) from e
     return compiled, gm
+
+
+def _only_grad_mode_switches(graph):
+    calls = [n for n in graph.nodes if n.op.startswith("call")]
+    return bool(calls) and all(n.target is torch._C._set_grad_enabled for n in calls)
 
 
 def _drop_unused_sizes(graph):

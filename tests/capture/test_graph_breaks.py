@@ -577,3 +577,25 @@ def test_cache_does_not_keep_objects_alive_after_a_break(capsys):
     gc.collect()
     assert state() is None
     STEPPER = _Stepper()
+
+
+def breaks_in_a_no_grad_block(x):
+    with torch.no_grad():
+        print("in the block")
+        return x * 2
+
+
+def switches_grad_off_and_returns(x):
+    torch._C._set_grad_enabled(False)
+    return x
+
+
+def test_a_graph_of_grad_mode_switches_alone_is_not_compiled(capsys):
+    x = torch.randn(3, requires_grad=True)
+    counter = check_graphs(breaks_in_a_no_grad_block, x, graphs=1)  # the resume function's only
+    assert not kiln.compile(breaks_in_a_no_grad_block, backend=counter)(x).requires_grad
+    try:
+        out = kiln.compile(switches_grad_off_and_returns, backend=counter)(x)
+        assert out is x and not torch.is_grad_enabled()  # the switch still happens, natively
+    finally:
+        torch._C._set_grad_enabled(True)
