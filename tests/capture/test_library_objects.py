@@ -493,3 +493,29 @@ def labelled_regions(x):
 
 def test_record_function_blocks_one_graph():
     check_graphs(labelled_regions, t(2, 2), graphs=1, fullgraph=True)
+
+
+# ---- dict views passed in: live views of their dict -------------------------------------------------------------
+def reads_dict_views(x, d, keys, values, items):
+    if "c" in keys:
+        x = x + d["c"]
+    for k in keys:
+        x = x + len(k)
+    for _, v in items:
+        x = x * v
+    return x + sum(values), keys, list(values), len(items)
+
+
+def test_dict_views_passed_in_one_graph_and_guarded_on_their_dict():
+    counter = CompileCounter()
+    compiled = kiln.compile(reads_dict_views, backend=counter, fullgraph=True)
+    d = {"a": 1, "b": 2}
+    for change in [None, ("c", 3), ("a", 5), None]:
+        if change:
+            d[change[0]] = change[1]  # a new key, then a new value: each recompiles
+        x = t(2)
+        got = compiled(x, d, d.keys(), d.values(), d.items())
+        want = reads_dict_views(x, d, d.keys(), d.values(), d.items())
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] and type(got[1]) is type(want[1])
+    assert counter.frame_count == 3
