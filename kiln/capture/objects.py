@@ -943,6 +943,9 @@ def getattr_var(frame, obj, name):
             defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
             if defined or (not hasattr(cls.__mro__[-2], name) and _python_dunder(cls, "__getattr__")):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
+        if not hasattr(cls, name):  # (hasattr(a_dict, "to") is False, as in Python)
+            e = AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
+            raise Unsupported(f"AttributeError: {e}", python_exception=e)
         return MethodVariable(name, obj)
     if isinstance(obj, FreshObjectVariable):
         hook = inspect.getattr_static(obj.cls, "__getattribute__", None)

@@ -298,3 +298,16 @@ def reads_shadowed_class_attributes(x):
 def test_metaclass_shadowing_mro_and_dict_is_read_as_python_does():
     # (was an internal error: the class watch walked the shadowing __mro__)
     check_graphs(reads_shadowed_class_attributes, t(2), graphs=1, fullgraph=True)
+
+
+def hasattr_on_containers(x, d, lst, tup):
+    y = x.to("cpu") if hasattr(d, "to") else torch.cos(d["a"])  # a dict has no .to
+    z = x + 1 if hasattr(lst, "shape") else x - 1
+    return (y, z, hasattr(d, "items"), hasattr(lst, "append"), hasattr(tup, "count"), hasattr(tup, "append"),
+            hasattr({"k": 1}, "keys"), hasattr([], "nope"), hasattr(set(), "add"))
+
+
+def test_hasattr_on_containers_asks_their_type():
+    # (was True for any name: a wrong branch without fullgraph, an error with it)
+    check_graphs(hasattr_on_containers, t(2), {"a": t(2)}, [1], (1,), graphs=1, fullgraph=True)
+    check_graphs(hasattr_on_containers, t(2), {"a": t(2)}, [1], (1,), graphs=1)
