@@ -519,3 +519,15 @@ def test_dict_views_passed_in_one_graph_and_guarded_on_their_dict():
         torch.testing.assert_close(got[0], want[0])
         assert got[1:] == want[1:] and type(got[1]) is type(want[1])
     assert counter.frame_count == 3
+
+
+def deque_extended_from_lazy_iterators(x):
+    d = collections.deque([1])
+    d.extendleft(map(lambda z: z + d[0], range(3)))  # each item sees the deque as it grows
+    d.extend(filter(lambda z: z > d[-1] - 3, [0, 5, 1, 9]))
+    return x + d[0], d
+
+
+def test_deque_extended_item_by_item_from_lazy_iterators():
+    # (was: the map drained before the first appendleft - a wrong deque)
+    check_graphs(deque_extended_from_lazy_iterators, t(2), graphs=1, fullgraph=True)
