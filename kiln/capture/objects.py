@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import inspect
 import operator
+import sys
 import types
 
 import torch
@@ -1109,7 +1110,7 @@ def _object_attr(frame, obj, name, plain=False):
                 return call(frame, MethodVariable(meta_hook, obj), [const(name)], {})
             raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
         if isinstance(raw, classmethod):
-            return MethodVariable(raw.__func__, obj)
+            return _classmethod_attr(frame, raw, obj)
         if isinstance(raw, staticmethod):
             return og.wrap(raw.__func__, None, guard=False)
         attr = getattr(value, name)
@@ -1199,7 +1200,7 @@ def _class_attr(frame, obj, cls, name):
     if isinstance(raw, staticmethod):
         return og.wrap(raw.__func__, None, guard=False)
     if isinstance(raw, classmethod):
-        return MethodVariable(raw.__func__, og.wrap(cls, None, guard=False))
+        return _classmethod_attr(frame, raw, og.wrap(cls, None, guard=False))
     if isinstance(raw, property):
         if raw.fget is None:
             raise Unsupported(f"unreadable property {name}")
@@ -1230,6 +1231,21 @@ def _class_attr(frame, obj, cls, name):
     return og.wrap(raw, AttrSource(ConstSource(cls), name))
 
 
+# Python 3.9-3.12: a classmethod binds through the descriptor it wraps (classmethod(property(f)) reads
+# as f(cls), a class-level property); 3.13 binds the wrapped object as a plain function
+_CLASSMETHOD_CHAINS = sys.version_info < (3, 13)
+
+
+def _classmethod_attr(frame, raw, cls_var):
+    """`cls.name` where the class holds classmethod `raw`: bound to the class `cls_var`."""
+    inner = raw.__func__
+    if _CLASSMETHOD_CHAINS and not isinstance(inner, types.FunctionType) and hasattr(type(inner), "__get__"):
+        if isinstance(inner, property) and inner.fget is not None:
+            return call(frame, MethodVariable(inner.fget, cls_var), [], {})
+        raise Unsupported(f"a classmethod over a {type(inner).__name__}")
+    return MethodVariable(inner, cls_var)
+
+
 def _super_attr(frame, sup, name):
     mro = sup.obj.python_type().__mro__ if not isinstance(sup.obj, ObjectVariable) or \
         not isinstance(sup.obj.value, type) else sup.obj.value.__mro__
@@ -1240,7 +1256,7 @@ def _super_attr(frame, sup, name):
             if isinstance(raw, types.FunctionType):
                 return MethodVariable(raw, sup.obj)
             if isinstance(raw, classmethod):
-                return MethodVariable(raw.__func__, frame.og.wrap(sup.obj.python_type(), None, guard=False))
+                return _classmethod_attr(frame, raw, frame.og.wrap(sup.obj.python_type(), None, guard=False))
             if isinstance(raw, staticmethod):
                 return frame.og.wrap(raw.__func__, None, guard=False)
             if isinstance(raw, property):
