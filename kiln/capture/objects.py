@@ -993,7 +993,8 @@ def store_fresh_attr(frame, obj, name, value):
     raw = inspect.getattr_static(obj.cls, name, None)
     if isinstance(raw, property):
         if raw.fset is None:
-            raise Unsupported(f"property {name} has no setter", python_exception=AttributeError(name))
+            e = AttributeError(f"property {name!r} of {obj.cls.__name__!r} object has no setter")  # CPython's words
+            raise Unsupported(f"AttributeError: {e}", python_exception=e)
         call(frame, MethodVariable(raw.fset, obj), [value], {})
         return
     obj.attrs[name] = value

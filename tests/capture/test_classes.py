@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 
+import kiln
+
 from tests.utils import check_graphs
 
 
@@ -186,3 +188,25 @@ def test_classmethod_over_property_reads_the_value():
 
     # (was the bound method: an error indexing with it, a wrong branch comparing it)
     check_graphs(fn, torch.randn(3, 2), graphs=1, fullgraph=True)
+
+
+@dataclasses.dataclass
+class _Shadowed:
+    value: torch.Tensor
+    edges: torch.Tensor
+
+    @property
+    def edges(self):  # noqa: F811 (the property shadows the field: the dataclass __init__ cannot set it)
+        return self.value * 2
+
+
+def test_setting_a_property_without_setter_raises_pythons_error():
+    def fn(x):
+        return _Shadowed(value=x, edges=x).value.sum()
+
+    with pytest.raises(AttributeError, match="property 'edges' of '_Shadowed' object has no setter"):
+        fn(torch.randn(3))
+    with pytest.raises(Exception, match="property 'edges' of '_Shadowed' object has no setter"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(3))
+    with pytest.raises(AttributeError, match="property 'edges' of '_Shadowed' object has no setter"):
+        kiln.compile(fn, backend="eager")(torch.randn(3))
