@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import kiln
-
 from tests.utils import check_graphs
 
 
