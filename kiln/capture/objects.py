@@ -1570,6 +1570,9 @@ def _call_value(frame, fn_var, args, kwargs):
         if isinstance(func, types.FunctionType):
             return call_python_function(frame, func, [self_var] + list(args), kwargs)
         return call(frame, og.wrap(func, None, guard=False), [self_var] + list(args), kwargs)
+    if (handler := BUILTIN_HANDLERS.get(_c_classmethod(fn))) is not None:  # cls.m, m a C classmethod
+        cls_var = og.wrap(fn.__self__, AttrSource(fn_var.source, "__self__") if fn_var.source else None)
+        return handler(frame, [cls_var] + list(args), kwargs)
     handler = BUILTIN_HANDLERS.get(_key(fn))
     if handler is not None:
         return handler(frame, args, kwargs)
@@ -1624,6 +1627,15 @@ def _call_value(frame, fn_var, args, kwargs):
     if (model := TYPE_MODELS.get(type(fn))) is not None:
         return model.call(frame, fn_var, args, kwargs)
     raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)")
+
+
+def _c_classmethod(fn):
+    """The classmethod descriptor of a C classmethod bound to a class (`cls.m` -> the `m` its class
+    defines, as a handler is keyed: torch 2.14's autograd.Function.apply), else None."""
+    if not isinstance(fn, types.BuiltinMethodType) or not isinstance(fn.__self__, type):
+        return None
+    raw = inspect.getattr_static(fn.__self__, fn.__name__, None)
+    return raw if isinstance(raw, types.ClassMethodDescriptorType) else None
 
 
 def _key(fn):

@@ -2,6 +2,7 @@
 (not autograd's derivative of the forward) computes the gradients, and what cannot be traced is a clean
 graph break. Eager is the oracle: results and gradients compared on every backend."""
 import os
+import re
 
 import pytest
 import torch
@@ -210,8 +211,25 @@ class SquareSetup(torch.autograd.Function):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_setup_context_and_saved_output(backend):
     def fn(x):
-        return SquareSetup.apply(x, power=3)
+        return SquareSetup.apply(x, 3)
     check_training(fn, torch.rand(6) + 0.5, backend=backend)
+
+
+def test_apply_keyword_arguments_like_eager():
+    """torch 2.13+ binds keywords to the forward of a Function with a setup_context; torch 2.11 raises
+    TypeError for any keyword to apply. Compiled code does what this torch's eager does."""
+    def fn(x):
+        return SquareSetup.apply(x, power=3)
+    x = torch.rand(6) + 0.5
+    try:
+        fn(x)
+    except TypeError as e:
+        with pytest.raises(TypeError, match=re.escape(str(e))):
+            kiln.compile(fn, backend="eager")(x)
+        with pytest.raises(kiln.Unsupported, match="keyword arguments to Function.apply"):
+            kiln.compile(fn, backend="eager", fullgraph=True)(x)
+        return
+    check_training(fn, x, backend="eager")
 
 
 class OnceDifferentiable(torch.autograd.Function):
