@@ -52,9 +52,9 @@ def _count(frame, start=const(0), step=const(1)):
     return ItertoolsIterator(itertools.count, {"next": start, "step": step})
 
 
-def _repeat(frame, obj, times=None):
+def _repeat(frame, object, times=None):  # noqa: A002 (CPython's keyword name)
     left = None if times is None else max(0, const_value(times, "repeat's times"))
-    return ItertoolsIterator(itertools.repeat, {"obj": obj}, left=left)
+    return ItertoolsIterator(itertools.repeat, {"obj": object}, left=left)
 
 
 def _compress(frame, data, selectors):

@@ -20,7 +20,8 @@ def consumed_lazily(x):
             list(itertools.dropwhile(lambda v: v < 3, [1, 2, 3, 1])),
             list(itertools.starmap(torch.add, [(x, 1), (x, 2)])),
             list(itertools.islice(range(100), 10, 20, 3)), list(itertools.islice(range(10), None)),
-            list(itertools.islice(itertools.count(), 3, 8)), list(itertools.islice([x, x * 2, x * 3], 1, None)))
+            list(itertools.islice(itertools.count(), 3, 8)), list(itertools.islice([x, x * 2, x * 3], 1, None)),
+            [x * v for v in itertools.repeat(object=2, times=3)], next(itertools.count(start=1, step=2)))
 
 
 SEEN = []
