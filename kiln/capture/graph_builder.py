@@ -275,6 +275,8 @@ class OutputGraph:
         node = self._placeholder(name)
         node.meta["example_value"] = fake
         node.meta["source"] = repr(source)
+        # a parameter or buffer of a module: what freezing=True may treat as a constant
+        node.meta["module_state"] = dynamic.is_module_state(value, source)
         self.inputs.append((source, value, node))
         self._input_versions.append((fake, version_of(fake)))
         return TensorVariable(node, fake, source, type(value))
