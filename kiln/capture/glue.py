@@ -237,7 +237,7 @@ class Glue:
         """An iterator or dict view rebuilt as the same kind of object in the same state, over the
         rebuilt values it reads from (so a map stays a map, a list iterator stays live)."""
         if isinstance(var, DictViewVariable):
-            return f"{self.value(var.dict)}.{var.kind}()"
+            return var.source.expr(self.ctx) if var.source is not None else f"{self.value(var.dict)}.{var.kind}()"
         if isinstance(var, SequenceIterator):
             make = "reversed" if var.reverse else "iter"
             if var.done:

@@ -702,7 +702,7 @@ def _b_accumulate(frame, args, kwargs):
 
 _ITERTOOLS = {itertools.chain: "all", itertools.product: "all", itertools.zip_longest: "all",
               itertools.combinations: 1, itertools.permutations: 1, itertools.combinations_with_replacement: 1,
-              itertools.islice: 1, itertools.pairwise: 1}
+              itertools.pairwise: 1}
 
 
 def _b_chain_from_iterable(frame, args, kwargs):
