@@ -129,6 +129,8 @@ COMPILER_OPTIONS = {
     "coordinate_descent_tuning": Option(False, "tune kernel parameters by coordinate descent"),
     "fallback_random": Option(False, "run random ops through aten so results equal eager under one seed"),
     "shape_padding": Option(False, "pad matmul shapes to faster sizes"),
+    "layout_optimization": Option(True, "run 2-d convolutions of inference graphs on channels-last memory "
+                                        "(CPU, oneDNN), their epilogues too; outputs keep eager's layout"),
     "freezing": Option(False, "treat parameters as constants (inference)"),
     "cpp.threads": Option(-1, "OpenMP threads for generated kernels (-1: torch.get_num_threads())", int,
                           minimum=1, also=(-1,)),

@@ -141,7 +141,7 @@ def dims_for(dynamic, changed, t, source, frame):
     change size."""
     marks, static = marked_bounds(t), t.__dict__.get(_STATIC_ATTR, ())
     wanted = {d: "kiln.mark_dynamic" + _bounds_text(marks[d]) for d in marks}
-    if dynamic is True and not _module_state(t, source):
+    if dynamic is True and not is_module_state(t, source):
         wanted.update({d: "dynamic=True" for d in range(t.dim()) if d not in wanted})
     elif dynamic is None:
         # dims seen changing on an earlier tensor from this source that had more dims do not apply
@@ -161,7 +161,7 @@ def dims_for(dynamic, changed, t, source, frame):
     return dims
 
 
-def _module_state(t, source):
+def is_module_state(t, source):
     """Parameters and module buffers keep their sizes under dynamic=True (as in torch.compile): they
     rarely change, and symbols for them would only add guards."""
     if isinstance(t, torch.nn.Parameter):

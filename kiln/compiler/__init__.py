@@ -19,9 +19,15 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
     if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
                                     or any(p.requires_grad for p in gm.parameters())):
         from kiln.compiler.training import compile_training
+        if options.get("freezing"):
+            log("perf_hints", "freezing applies to inference graphs (torch.no_grad()); this graph is "
+                "compiled for training, its parameters as inputs")
         return compile_training(gm, example_inputs, options, inner)
-    from kiln.compiler import aot, graph_cache
-    cached = graph_cache.lookup(gm, example_inputs, options) if inner == "cpp" else graph_cache.Lookup(None)
+    from kiln.compiler import aot, freezing, graph_cache
+    frozen = freezing.frozen_positions(gm, example_inputs, ()) if options.get("freezing") else []
+    # a frozen graph bakes in tensor values, which the graph cache's key does not hold
+    cached = (graph_cache.lookup(gm, example_inputs, options) if inner == "cpp" and not frozen
+              else graph_cache.Lookup(None))
     if cached.runner is not None:  # compiled by an earlier process: no aot, lowering or codegen
         return _eager_when_mutated_inputs_alias(cached.runner, gm)
     try:
@@ -31,8 +37,13 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
         return _inspectable(lambda *args: gm.forward(*args), [], "", "", ["<whole graph>"])
     if inner == "eager":
         return _eager_when_mutated_inputs_alias(aot.make_runner(aten, aten.gm.forward), gm)
-    flat_fn = compile_aten(aten.gm, example_inputs, options, fx_gm=gm)
-    cached.store(aten, flat_fn)
+    frozen = freezing.frozen_positions(gm, example_inputs, set(aten.mutated_inputs)) if frozen else []
+    if frozen and inner == "cpp":
+        flat_fn = freezing.FrozenGraph(aten.gm, example_inputs, frozen, lambda frozen_gm, inputs: compile_aten(
+            frozen_gm, inputs, options, fx_gm=gm, inference=True))
+    else:
+        flat_fn = compile_aten(aten.gm, example_inputs, options, fx_gm=gm, inference=True)
+        cached.store(aten, flat_fn)
     return _eager_when_mutated_inputs_alias(aot.make_runner(aten, flat_fn), gm)
 
 
@@ -57,8 +68,10 @@ def _eager_when_mutated_inputs_alias(runner, gm):
     return run
 
 
-def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
-    """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple."""
+def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference=False):
+    """Compile a functional aten graph; returns callable(*flat inputs) -> flat tuple.
+    `inference`: the graph is a whole inference call (no autograd graph on either side of it), so
+    its intermediates' layouts are free to choose (layout_opt)."""
     from kiln.compiler import ir
     from kiln.compiler.build import CompileError
 
@@ -70,7 +83,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         return _run_through_aten(aten_gm)
     try:
         with ir.indirect_scope():
-            return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm)
+            return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference)
     except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
         if options.get("debug"):
             raise
@@ -88,21 +101,27 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None):
         return _run_through_aten(aten_gm)
 
 
-def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm):
-    from kiln.compiler import debug, wrapper
+def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference):
+    from kiln.compiler import debug, layout_opt, onednn_fusion, wrapper
     from kiln.compiler.build import load_library
     from kiln.compiler.codegen import cpp
     from kiln.compiler.lower import GraphLowering
-    from kiln.compiler.schedule import build_program, workspace_plan
+    from kiln.compiler.memory_plan import plan_memory
+    from kiln.compiler.schedule import build_program
 
-    graph = GraphLowering(aten_gm, example_inputs, options).run()
+    output_metas = None
+    if inference and options.get("layout_optimization", True) and layout_opt.wants_channels_last(aten_gm):
+        aten_gm, output_metas = layout_opt.channels_last_convolutions(aten_gm)
+        if output_metas is not None and onednn_fusion.available():
+            onednn_fusion.prepack_convolutions(aten_gm)  # frozen weights only
+    graph = GraphLowering(aten_gm, example_inputs, options, output_metas).run()
     _check_bound(graph, aten_gm)
     program = build_program(graph, options)
-    offsets, ws_size = workspace_plan(program)
+    memory = plan_memory(program)
     symbols = sorted(graph.symbol_sources, key=str)
-    source, entries = cpp.generate(program, offsets, options, symbols)
+    source, entries = cpp.generate(program, memory, options, symbols)
     lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
-    fn, wrapper_source = wrapper.build(program, entries, lib, ws_size, len(example_inputs), graph.symbol_sources)
+    fn, wrapper_source = wrapper.build(program, entries, lib, memory, len(example_inputs), graph.symbol_sources)
     debug.log_output_code(getattr(lib, "_name", None), source, wrapper_source)
     if options.get("trace.enabled"):
         folder = debug.write_trace(options, aten_gm=aten_gm, graph=graph, program=program, cpp_source=source,

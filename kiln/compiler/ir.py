@@ -218,6 +218,18 @@ def is_symbolic(e):
     return isinstance(e, sympy.Basic) and not e.is_number
 
 
+def is_dense(layout):
+    """Whether a static layout's elements fill its memory exactly once (a permutation of
+    contiguous strides, size-1 dims aside)."""
+    dims = sorted((int(st), int(sz)) for sz, st in zip(layout.sizes, layout.strides) if sz != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def contiguous_strides(sizes):
     strides, acc = [], sympy.Integer(1)
     for s in reversed(sizes):
@@ -246,6 +258,9 @@ class TensorValue:
     dtype: torch.dtype
     loader: Callable  # index (tuple of sympy) -> Expr
     view: Optional[StridedView] = None
+    # the strides eager gives this value (its node's fake tensor), when they are not contiguous:
+    # what it is laid out with if it is realized (a channels-last convolution's epilogue)
+    strides: Optional[tuple] = None
 
     @property
     def ndim(self):

@@ -6,6 +6,7 @@ functions that compose, so pointwise chains cost nothing until a value is realiz
 buffer. An op with no lowering (or whose lowering declines with `Fallback`) becomes an
 `ExternCall` that the wrapper makes to aten: never an error, named under KILN_LOGS=perf_hints.
 """
+import dataclasses
 import operator
 
 import sympy
@@ -15,7 +16,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
 from kiln.compiler import lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter
-from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext
+from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext, sym_layout
 from kiln.compiler.size_facts import SizeFacts
 from kiln.debug.logs import log
 
@@ -26,15 +27,6 @@ LOWERING_MODULES = (lowerings, lowerings_pooling, lowerings_pooling_backward, lo
 REALIZE_SHARED_COST = 4
 # any lazy value this big is realized, to keep kernels (and Python tracing) small
 REALIZE_MAX_OPS = 80
-
-
-def sym_sizes(t):
-    return tuple(ir.size_expr(s) for s in t.shape)
-
-
-def sym_layout(t):
-    # no offset: kernels and views start at the tensor's data_ptr(), which includes it
-    return ir.Layout(sym_sizes(t), tuple(ir.size_expr(s) for s in t.stride()), t.dtype, device=t.device)
 
 
 def symbol_sources(placeholders):
@@ -63,8 +55,11 @@ def symbol_sources(placeholders):
 class GraphLowering(LoweringContext):
     """The IR of one aten graph: buffers in program order, and which buffers are the outputs."""
 
-    def __init__(self, gm, example_inputs, options):
+    def __init__(self, gm, example_inputs, options, output_metas=None):
         self.gm = gm
+        # the fake values whose layouts the outputs get (default: the graph's own; layout_opt
+        # passes the original graph's, its copy's having channels-last strides)
+        self.output_metas = output_metas
         self.options = options
         self.example_inputs = example_inputs
         self.buffers = []           # ir.Buffer, in program order
@@ -87,10 +82,11 @@ class GraphLowering(LoweringContext):
         return buf
 
     def realize(self, value, layout=None):
-        """A StridedView of `value`: its own if it has one, else a new ComputedBuffer."""
+        """A StridedView of `value`: its own if it has one, else a new ComputedBuffer (laid out as
+        eager lays the value out, unless `layout` says otherwise)."""
         if value.view is not None and layout is None:
             return value
-        layout = layout or ir.Layout(value.sizes, ir.contiguous_strides(value.sizes), value.dtype)
+        layout = layout or ir.Layout(value.sizes, value.strides or ir.contiguous_strides(value.sizes), value.dtype)
         buf = self.add_buffer(ir.ComputedBuffer(self.new_name(), layout, ir.Pointwise(value.sizes, value.loader)))
         return ir.view_value(buf.name, layout)
 
@@ -118,10 +114,13 @@ class GraphLowering(LoweringContext):
         for node in self.gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(self.gm, node.target)
+                if value.layout != torch.strided:  # a prepacked weight (onednn_fusion): only aten reads it
+                    self.env[node] = value
+                    continue
                 buf = self.add_buffer(ir.ConstantBuffer(f"const{len(self.buffers)}", sym_layout(value), value))
                 self.env[node] = ir.view_value(buf.name, buf.layout)
             elif node.op == "call_function":
-                self.env[node] = self.lower_node(node)
+                self.env[node] = with_eager_strides(self.lower_node(node), node.meta.get("val"))
                 self.maybe_realize_shared(node)
             elif node.op == "output":
                 self.lower_outputs(node)
@@ -220,12 +219,12 @@ class GraphLowering(LoweringContext):
 
     # ---- outputs -------------------------------------------------------------------------
     def lower_outputs(self, node):
-        for out in node.args[0]:
+        for position, out in enumerate(node.args[0]):
             value = self.lookup(out)
             if not isinstance(value, ir.TensorValue):
                 self.outputs.append(("value", value))
                 continue
-            meta = out.meta["val"]
+            meta = out.meta["val"] if self.output_metas is None else self.output_metas[position]
             layout = sym_layout(meta)
             if value.view is not None and isinstance(self.buffer_by_name[value.view.name],
                                                      (ir.InputBuffer, ir.ConstantBuffer)) and not _is_input_alias(out):
@@ -234,12 +233,28 @@ class GraphLowering(LoweringContext):
                 self.outputs.append(("buffer", self.realize(value, layout).view.name, None))
             elif value.view is not None and value.view.layout == layout == self.buffer_by_name[value.view.name].layout:
                 self.outputs.append(("buffer", value.view.name, None))
-            elif value.view is not None and isinstance(self.buffer_by_name[value.view.name],
-                                                       (ir.InputBuffer, ir.ExternBuffer, ir.ConstantBuffer)):
-                # a view of an input or aten result: return the view itself, as eager does
+            elif value.view is not None and isinstance(self.buffer_by_name[value.view.name], (
+                    ir.InputBuffer, ir.ExternBuffer, ir.ConstantBuffer)) and (
+                    self.output_metas is None or value.view.layout.strides == layout.strides):
+                # a view of an input or aten result: return the view itself, as eager does (unless
+                # layout_opt gave the aten result another layout than eager's)
                 self.outputs.append(("buffer", value.view.name, value.view.layout))
             else:
                 self.outputs.append(("buffer", self.realize(value, layout).view.name, None))
+
+
+def with_eager_strides(value, meta):
+    """`value`, remembering the strides of its fake tensor `meta` when they are static, dense and
+    not contiguous (and forgetting an input's when they are not): a lazy value is then realized as
+    eager lays it out."""
+    if not isinstance(value, ir.TensorValue) or value.view is not None or not isinstance(meta, torch.Tensor):
+        return value
+    layout = sym_layout(meta)
+    strides = layout.strides
+    if (len(layout.sizes) != len(value.sizes) or any(ir.is_symbolic(e) for e in layout.sizes + layout.strides)
+            or strides == ir.contiguous_strides(layout.sizes) or not ir.is_dense(layout)):
+        strides = None
+    return value if strides == value.strides else dataclasses.replace(value, strides=strides)
 
 
 def _is_input_alias(node):

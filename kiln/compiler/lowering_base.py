@@ -52,6 +52,13 @@ def register(*ops):
     return decorate
 
 
+def sym_layout(t):
+    """The Layout of a (fake) tensor; no offset: kernels and views start at the tensor's data_ptr(),
+    which includes it."""
+    return ir.Layout(tuple(ir.size_expr(s) for s in t.shape), tuple(ir.size_expr(s) for s in t.stride()), t.dtype,
+                     device=t.device)
+
+
 def out_sizes(ctx):
     meta = ctx.out_meta()
     return tuple(ir.size_expr(s) for s in meta.shape)

@@ -11,7 +11,7 @@ from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const, index_expr
 from kiln.compiler.lowering_base import (ONE, ZERO, Fallback, aten, broadcast, broadcast_map, calc_dtype, check_real,
                                          index_checker, norm_dim, op, out_sizes, pointwise, prims, promoted, register,
-                                         scalar)
+                                         scalar, sym_layout)
 
 # ---- elementwise math ----------------------------------------------------------------------
 
@@ -243,8 +243,25 @@ def convert_element_type(ctx, x, dtype):
     return pointwise(ctx, lambda a: a, x, compute=x.dtype)
 
 
-@register(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
+@register(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
 def identity(ctx, x, memory_format=None):
+    return x
+
+
+CHANNELS_LAST = (torch.channels_last, torch.channels_last_3d)
+# set on the clones layout_opt puts in front of convolutions
+LAYOUT_CLONE = "kiln_layout_clone"
+
+
+@register(aten.clone.default)
+def clone(ctx, x, memory_format=None):
+    """The value itself (a copy is made only where one is stored), except that a buffer cloned into
+    another memory format (channels-last, or any layout_opt asks for in front of a convolution)
+    becomes a lazy copy: kernels read through it, and where it is stored (an aten op's argument) it
+    gets the new layout, as eager's clone does (ir.TensorValue.strides, from the node's fake value)."""
+    converts = memory_format in CHANNELS_LAST or ctx.current_node.meta.get(LAYOUT_CLONE)
+    if converts and x.view is not None and x.view.layout.strides != sym_layout(ctx.out_meta()).strides:
+        return TensorValue(x.sizes, x.dtype, x.loader)
     return x
 
 

@@ -113,6 +113,16 @@ class Window:
                 local.append(pos)
         return tuple(local), valid
 
+    def clamps_into_window(self):
+        """Whether a padded offset's clamped position is itself in the window (no dilation, padding at
+        most half the window: eager's limits for max pooling): a max then needs no mask, as the
+        clamped element is one the window reads anyway."""
+        return all(w.end is None and w.step == 1 for w in self.dims)
+
+    def clamped(self, idx, ridx, dtype):
+        local, _ = self.positions(idx, ridx)
+        return cast(self.x.loader(local), dtype)
+
     def masked(self, idx, ridx, fill, dtype):
         """x at the window offset in `dtype`, `fill` where the offset is not a valid position."""
         local, valid = self.positions(idx, ridx)
@@ -151,6 +161,8 @@ def window_reduce(ctx, sizes, window, kind, fill, compute, dtype):
     offsets reading `fill`. A small window is unrolled into one pointwise expression, whose loop
     over output points vectorizes; a reduction loop would vectorize over the few offsets."""
     def value(idx, ridx):
+        if kind == "max" and window.clamps_into_window():  # no masks: loops over channels vectorize
+            return window.clamped(idx, ridx, compute)
         return window.masked(idx, ridx, fill, compute)
     if not window.unrollable():
         return ctx.reduction(sizes, window.sizes(), kind, value, dtype)

@@ -17,7 +17,6 @@ import dataclasses
 import sympy
 import torch
 import torch.utils._pytree as pytree
-from torch.utils._sympy.functions import FloorDiv
 
 from kiln.compiler import ir
 from kiln.compiler.loop_nodes import LoopNode, loop_var, substitute
@@ -29,11 +28,12 @@ def trace(buf: ir.ComputedBuffer) -> LoopNode:
     if isinstance(data, (ir.Scan, ir.Scatter)):
         return trace_sequential(buf)
     reduction = isinstance(data, ir.Reduction)
-    outer = _vars_for(data.ranges, "x")
+    order = list(range(len(data.ranges))) if reduction else memory_order(buf.layout)
+    outer = _vars_for(data.ranges, "x", order)
     inner = _vars_for(data.reduction_ranges, "r") if reduction else []
     body = data.inner_fn(tuple(outer), tuple(inner)) if reduction else data.inner_fn(tuple(outer))
     store = buf.layout.index(outer)
-    sizes = [s for s in data.ranges if s != 1]
+    sizes = [data.ranges[d] for d in order if data.ranges[d] != 1]
     rsizes = [s for s in data.reduction_ranges if s != 1] if reduction else []
     if 0 in sizes or 0 in rsizes:
         body, store, sizes, rsizes = _empty_loops(body, store, sizes, rsizes)
@@ -56,14 +56,23 @@ def _empty_loops(body, store, sizes, rsizes):
     return substitute(body, rzero), store, sizes, rsizes
 
 
-def _vars_for(ranges, prefix):
-    """Loop variables for `ranges`, numbered over the dims that are not 1 (those index 0)."""
-    out, k = [], 0
-    for s in ranges:
-        if s == 1:
-            out.append(sympy.Integer(0))
-        else:
-            out.append(loop_var(prefix, k))
+def memory_order(layout):
+    """The dims of `layout`, outermost loop first, so that a pointwise loop nest walks its output in
+    memory order (a channels-last buffer: n, h, w, c): largest stride first, ties in logical order.
+    Symbolic strides keep the logical order."""
+    dims = list(range(len(layout.sizes)))
+    if any(ir.is_symbolic(sympy.sympify(st)) for st in layout.strides):
+        return dims
+    return sorted(dims, key=lambda d: -int(layout.strides[d]) if layout.sizes[d] != 1 else 0)
+
+
+def _vars_for(ranges, prefix, order=None):
+    """Loop variables for `ranges` (in logical order), numbered over the dims that are not 1 (those
+    index 0) in `order` (the loop order; default: logical)."""
+    out, k = [sympy.Integer(0)] * len(ranges), 0
+    for d in (range(len(ranges)) if order is None else order):
+        if ranges[d] != 1:
+            out[d] = loop_var(prefix, k)
             k += 1
     return out
 
@@ -289,7 +298,7 @@ def build_program(graph, options=None) -> Program:
     return Program(steps, buffers, graph.outputs, storage, readers)
 
 
-def _extern_reads(call):
+def extern_reads(call):
     return {a.name for a in pytree.tree_leaves((call.args, call.kwargs)) if isinstance(a, ir.BufferArg)}
 
 
@@ -314,7 +323,7 @@ def _live_buffers(graph, nodes):
         if isinstance(buf, ir.ComputedBuffer):
             work.extend(nodes[name].reads)
         elif isinstance(buf, ir.ExternBuffer):
-            work.extend(_extern_reads(buf.call))
+            work.extend(extern_reads(buf.call))
             work.extend(b.name for b in graph.buffers if isinstance(b, ir.ExternBuffer) and b.call is buf.call)
     return live
 
@@ -322,7 +331,7 @@ def _live_buffers(graph, nodes):
 def _readers(steps):
     readers = {}
     for k, step in enumerate(steps):
-        names = _extern_reads(step) if isinstance(step, ir.ExternCall) else set().union(*(n.reads for n in step.nodes))
+        names = extern_reads(step) if isinstance(step, ir.ExternCall) else set().union(*(n.reads for n in step.nodes))
         for name in names:
             readers.setdefault(name, set()).add(k)
     return readers
@@ -345,7 +354,7 @@ def _storage(steps, buffers, outputs, readers):
             storage[name] = "tensor"
     for step in steps:
         if isinstance(step, ir.ExternCall):
-            for name in _extern_reads(step):
+            for name in extern_reads(step):
                 storage.setdefault(name, "tensor")
     for k, step in enumerate(steps):
         if isinstance(step, Kernel):
@@ -400,39 +409,3 @@ def kernel_stages(kernel):
                 continue
         stages.append([node])
     return stages
-
-
-def workspace_plan(program):
-    """Offsets (bytes) in one per-call workspace for the buffers kept there, reusing the space of
-    buffers whose last reader has run (first fit). Returns ({name: offset}, total bytes).
-    Buffers of symbolic size follow the others, one after another (no reuse): their offsets and
-    the total are size expressions, evaluated when the graph runs."""
-    births = {n.name: k for k, step in enumerate(program.steps) if isinstance(step, Kernel)
-              for n in step.nodes if program.storage[n.name] == "workspace"}
-    symbolic = [name for name in births if ir.is_symbolic(_storage_bytes(program.buffers[name].layout))]
-    placed, offsets, top = [], {}, 0   # placed: (offset, size, last step that reads it)
-    for name in sorted(set(births) - set(symbolic), key=births.get):
-        death = max(program.readers.get(name, set()) | {births[name]})
-        size = (_storage_bytes(program.buffers[name].layout) + 63) // 64 * 64
-        offset = 0
-        for o, s in sorted((o, s) for o, s, d in placed if d >= births[name]):
-            if offset + size <= o:
-                break
-            offset = max(offset, o + s)
-        offsets[name] = offset
-        placed.append((offset, size, death))
-        top = max(top, offset + size)
-    top = sympy.Integer(top)
-    for name in sorted(symbolic, key=births.get):
-        offsets[name] = top
-        top = top + FloorDiv(_storage_bytes(program.buffers[name].layout) + 63, 64) * 64
-    return offsets, top
-
-
-def _storage_bytes(layout):
-    if any(s == 0 for s in layout.sizes):
-        return 0
-    extent = 1 + layout.offset + sum(((s - 1) * st for s, st in zip(layout.sizes, layout.strides)), sympy.Integer(0))
-    if ir.is_symbolic(extent):  # a symbolic size may be 0 when it runs: never a negative size
-        return sympy.Max(extent, 0) * layout.dtype.itemsize
-    return int(extent) * layout.dtype.itemsize

@@ -1,8 +1,8 @@
 """The Python wrapper of a compiled graph: generated source, as little work per call as possible.
 
 Everything is decided at compile time; per call the wrapper allocates outputs (eager's strides)
-and one workspace, calls each native entry once with data pointers, calls aten for externs, and
-returns the outputs. With dynamic shapes it first reads each size symbol from an input
+and one workspace, calls each native entry once with data pointers, calls aten for externs, drops
+each intermediate after its last reader (memory_plan), and returns the outputs. With dynamic shapes it first reads each size symbol from an input
 (`s0 = arg0.size(1)`); sizes, strides and extern arguments are Python expressions over them.
 """
 import ctypes
@@ -53,15 +53,17 @@ class _Source:
         return self.constant(value, "c")
 
 
-def build(program, entries, lib, ws_size, num_inputs, symbols=None):
-    """Returns (callable(*inputs) -> tuple, the wrapper's source). `symbols`: {size symbol: Python
-    source reading it from the inputs}, bound first on each call (dynamic shapes)."""
+def build(program, entries, lib, memory, num_inputs, symbols=None):
+    """Returns (callable(*inputs) -> tuple, the wrapper's source). `memory`: the memory_plan's
+    MemoryPlan; `symbols`: {size symbol: Python source reading it from the inputs}, bound first on
+    each call (dynamic shapes)."""
     src = _Source()
     storage, buffers = program.storage, program.buffers
     inputs = [f"arg{i}" for i in range(num_inputs)]
     src.lines.append(f"def kiln_graph({', '.join(inputs)}):")
     src.globals.setdefault("math", math)  # size expressions may print math.floor/ceil
     float_names = {s.name for s in symbols or () if not s.is_integer}
+    ws_size = memory.workspace_bytes
     for name, buf in buffers.items():
         if isinstance(buf, ir.ConstantBuffer):
             src.line(f"{name} = {src.constant(buf.value, 'attr')}")
@@ -84,14 +86,19 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
             kernel_read |= {a.name for a in pytree.tree_leaves((step.args, step.kwargs))
                             if isinstance(a, ir.BufferArg) and a.layout is not None}
     kernel_read |= {value for kind, value, *rest in program.outputs if kind != "value" and rest and rest[0] is not None}
-    for step in program.steps:
+    release = memory.release
+    step_index = {id(step): k for k, step in enumerate(program.steps)}
+    workspace_until = max((step_index[id(e.kernels[-1])] for e in entries if e.uses_workspace), default=None)
+    for k, step in enumerate(program.steps):
         if isinstance(step, Kernel):
             entry = entry_of.get(id(step))
             if entry is None:
                 continue  # a later kernel of an entry already called
             for kernel in entry.kernels:
                 for n in kernel.nodes:
-                    if storage[n.name] in ("output", "tensor"):
+                    if n.name in memory.inplace:  # written over an input this kernel reads last
+                        src.line(f"{n.name} = {_same_memory(memory.inplace[n.name], buffers, n.layout)}")
+                    elif storage[n.name] in ("output", "tensor"):
                         layout = n.layout
                         src.line(f"{n.name} = empty_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
                                  f"dtype={src.literal(layout.dtype)})")
@@ -108,8 +115,16 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
             src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
             if entry.checks:
                 _raise_failed_check(src, entry.checks)
+            done = range(k, step_index[id(entry.kernels[-1])] + 1)
         else:
             _extern(src, step, buffers, kernel_read)
+            done = (k,)
+        # drop what no later step reads, so the allocator hands its memory to the next step
+        dead = [name for j in done for name in release.get(j, ())]
+        if ws_size and workspace_until in done:
+            dead.append("ws")
+        if dead:
+            src.line(f"del {', '.join(dead)}")
     outs = []
     for kind, value, *rest in program.outputs:
         if kind == "value":
@@ -124,6 +139,13 @@ def build(program, entries, lib, ws_size, num_inputs, symbols=None):
     scope = dict(src.globals)
     exec(compile(code, "<kiln wrapper>", "exec"), scope)
     return scope["kiln_graph"], code
+
+
+def _same_memory(name, buffers, layout):
+    """A tensor of `layout` over the memory of buffer `name` (the buffer itself when it has that layout)."""
+    if buffers[name].layout.sizes == layout.sizes and buffers[name].layout.strides == layout.strides:
+        return name
+    return f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)})"
 
 
 def _raise_failed_check(src, sites):
@@ -190,6 +212,7 @@ def _extern(src, call, buffers, kernel_read):
             for path, name in pytree.tree_flatten_with_path(results)[0]:
                 if name is not None:
                     src.line(f"{name} = {call.name}{''.join(f'[{p.idx}]' for p in path)}")
+        src.line(f"del {call.name}")  # the results it holds are released one by one
     for name in pytree.tree_leaves(results):
         if name is not None and name in kernel_read:
             layout = buffers[name].layout

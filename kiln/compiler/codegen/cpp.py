@@ -43,9 +43,13 @@ class Entry:
 
 
 class KernelWriter:
-    def __init__(self, kernel: Kernel, program, ws_offsets, options, pointer_of, checks):
+    def __init__(self, kernel: Kernel, program, memory, options, pointer_of, checks):
         self.kernel, self.program, self.options = kernel, program, options
-        self.ws_offsets, self.pointer_of = ws_offsets, pointer_of
+        self.ws_offsets, self.pointer_of = memory.workspace_offsets, pointer_of
+        # a buffer written into an input's memory, and that input: two names for one memory, so
+        # neither pointer is __restrict__ (the compiler must not move a load past the store)
+        self.shared_memory = {n for out, inp in memory.inplace.items() for n in (out, inp)
+                              if any(node.name == out for node in kernel.nodes)}
         self.checks = checks  # the translation unit's check sites (codegen/cpp_memory)
         self.threads = options.get("cpp.threads", -1)
         if self.threads is None or self.threads < 1:
@@ -110,7 +114,8 @@ class KernelWriter:
             source = (f"(ws + {cindex(sympy.sympify(self.ws_offsets[name]))})"
                       if self.program.storage[name] == "workspace"
                       else self.pointer_of(name))
-            out.append(f"    {const}{ctype}* __restrict__ {name} = ({const}{ctype}*){source};")
+            restrict = "" if name in self.shared_memory else " __restrict__"
+            out.append(f"    {const}{ctype}*{restrict} {name} = ({const}{ctype}*){source};")
             pointers[name] = name
             if self.checks.bounds_checks:
                 extents[name] = f"extent_{name}"
@@ -296,8 +301,9 @@ class KernelWriter:
         printer.lines.append(pad + update)
 
 
-def generate(program, ws_offsets, options, symbols=()):
-    """The C++ source for `program` and its entries (one per run of kernels between externs).
+def generate(program, memory, options, symbols=()):
+    """The C++ source for `program` and its entries (one per run of kernels between externs), its
+    buffers placed as `memory` (a memory_plan.MemoryPlan) says.
     `symbols`: the size symbols (and float symbols: doubles); an entry takes those its kernels use."""
     entries, current = [], None
     for step in program.steps:
@@ -320,7 +326,7 @@ def generate(program, ws_offsets, options, symbols=()):
         body = []
         first_site = len(checks.sites)
         for kernel in entry.kernels:
-            writer = KernelWriter(kernel, program, ws_offsets, options, pointer_of, checks)
+            writer = KernelWriter(kernel, program, memory, options, pointer_of, checks)
             lines = writer.write()
             body += writer.memory.finish(lines)  # the index checks wired into its loops
         entry.checks = checks.sites[first_site:]

@@ -61,10 +61,10 @@ def cindex(e):
     if kind == "PowByNatural":
         return f"kiln_ipow<int64_t>({args[0]}, {args[1]})"
     if kind in ("Min", "Max"):
-        fn = "std::min" if kind == "Min" else "std::max"
+        fn = "kiln_imin" if kind == "Min" else "kiln_imax"
         out = args[0]
         for a in args[1:]:
-            out = f"{fn}<int64_t>({out}, {a})"
+            out = f"{fn}({out}, {a})"
         return out
     raise NotImplementedError(f"index expression {e}")
 
@@ -74,7 +74,9 @@ UNARY_CALLS.update(round="std::nearbyint", relu="kiln_relu", sign="kiln_sign", i
                    exp="kiln_exp", tanh="kiln_tanh", sigmoid="kiln_sigmoid")
 BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
               "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-              "logical_and": "&&", "logical_or": "||"}
+              # both sides are computed temporaries: no short circuit to keep, and branches (&&) stop
+              # gcc from vectorizing the loop (a padded max-pool window's validity tests)
+              "logical_and": "&", "logical_or": "|"}
 BINARY_CALLS = {"maximum": "kiln_max", "minimum": "kiln_min",
                 "floordiv": "kiln_floordiv", "truncdiv": "kiln_truncdiv", "remainder": "kiln_remainder",
                 "fmod": "kiln_fmod", "ipow": "kiln_ipow"}

@@ -18,9 +18,15 @@ PRELUDE = r"""
 #include <type_traits>
 #include <vector>
 
-template <typename T> static inline T kiln_max(T a, T b) { return (a != a || a >= b) ? a : b; }
-template <typename T> static inline T kiln_min(T a, T b) { return (a != a || a <= b) ? a : b; }
+// NaN if either is (eager's max/min), else a when equal. Written as b's NaN test first: under
+// -fno-trapping-math, gcc 12 vectorizes a chain of nine of these (a 3x3 max pool) only in this form
+template <typename T> static inline T kiln_max(T a, T b) { return (b != b) ? b : ((a >= b || a != a) ? a : b); }
+template <typename T> static inline T kiln_min(T a, T b) { return (b != b) ? b : ((a <= b || a != a) ? a : b); }
 template <typename T> static inline T kiln_relu(T a) { return a < 0 ? T(0) : a; }
+// index min/max by value: std::min/max take references, which makes an omp simd loop keep its
+// index temporaries in memory (and gcc then refuses to vectorize it)
+static inline int64_t kiln_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t kiln_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 template <typename T> static inline T kiln_sign(T a) { return T((a > T(0)) - (a < T(0))); }
 template <typename T> static inline T kiln_floordiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) {
