@@ -5,7 +5,8 @@
 1. `x + 1` on a 10-element tensor: microseconds per call (eager, kiln, torch.compile).
 2. A 12-layer MLP module (Linear+ReLU x 12, no_grad): per call, and the guard check alone (kiln's, and
    torch.compile's where its debug accessor for cache entries exists).
-Timings are the best of several interleaved repeats; on a shared machine they are noisy.
+Timings are the best of many short interleaved windows (a long window on a shared machine is rarely
+left alone, so its mean measures the load more than the code).
 """
 import argparse
 import gc
@@ -17,24 +18,32 @@ import torch
 import kiln
 
 
-def best_us(fn, arg, calls, repeats=7):
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(arg)
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+def best_us(fn, arg, calls, window=200):
+    """Microseconds per call of fn(arg): the best of short windows (~`window` calls) over about `calls`
+    calls. On a shared machine a short window often runs without being preempted; a long one rarely."""
+    return best_of({"fn": fn}, arg, calls, window)["fn"]
+
+
+def best_of(fns, arg, calls, window=200):
+    """{name: microseconds per call}: each fn(arg) timed in short windows, interleaved, best window kept."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(max(3, calls // window)):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(window):
+                fn(arg)
+            best[name] = min(best[name], (time.perf_counter() - start) / window * 1e6)
     return best
 
 
-def compare(label, eager, kiln_fn, torch_fn, arg, calls):
+def compare(label, eager, kiln_fn, torch_fn, arg, calls, window=200):
     for fn in (eager, kiln_fn, torch_fn):  # warm up: compile, caches
         for _ in range(50):
             fn(arg)
-    times = {name: best_us(fn, arg, calls) for name, fn in
-             (("eager", eager), ("kiln", kiln_fn), ("torch.compile", torch_fn))}
+    times = best_of({"eager": eager, "kiln": kiln_fn, "torch.compile": torch_fn}, arg, calls, window)
     print(f"{label}: " + ", ".join(f"{k} {v:.2f} us" for k, v in times.items()) +
-          f"  (kiln / torch.compile = {times['kiln'] / times['torch.compile']:.2f})")
+          f"  (kiln / torch.compile = {times['kiln'] / times['torch.compile']:.2f}; above eager: kiln "
+          f"{times['kiln'] - times['eager']:.2f} us, torch.compile {times['torch.compile'] - times['eager']:.2f} us)")
     return times
 
 
@@ -55,7 +64,7 @@ def main():
     with torch.no_grad():
         xm = torch.randn(4, 16)
         torch_mlp = torch.compile(mlp, backend="eager")  # kept alive: its guard check is timed below
-        compare("12-layer MLP, 4x16", mlp, compiled, torch_mlp, xm, calls // 10)
+        compare("12-layer MLP, 4x16", mlp, compiled, torch_mlp, xm, calls // 10, window=20)
         cache = compiled._compiled_call._kiln_cache
         entry, F = cache.entries[0], compiled._compiled_call._kiln_fn
         L = ((xm,), {})

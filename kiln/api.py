@@ -30,7 +30,7 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mo
     if not config_mod.python_supported():
         return _unsupported_python(model)
     if isinstance(model, torch.nn.Module):
-        return OptimizedModule(model, capture.optimize(model, bound, fullgraph=fullgraph, dynamic=dynamic))
+        return _optimized_module(model, _CompileSettings(bound, fullgraph, dynamic))
     return _wrap_function(model, capture.optimize(model, bound, fullgraph=fullgraph, dynamic=dynamic))
 
 
@@ -68,15 +68,38 @@ def _wrap_function(fn, compiled):
     return compiled_fn
 
 
+class _CompileSettings:
+    """How a module was compiled; shared, not copied, by copies of its OptimizedModule."""
+
+    def __init__(self, backend, fullgraph, dynamic):
+        self.backend, self.fullgraph, self.dynamic = backend, fullgraph, dynamic
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _optimized_module(model, settings):
+    compiled_call = capture.optimize(model, settings.backend, fullgraph=settings.fullgraph, dynamic=settings.dynamic)
+    return OptimizedModule(model, compiled_call, settings)
+
+
 class OptimizedModule(torch.nn.Module):
     """A compiled nn.Module: shares the original's parameters, buffers and state (as `_orig_mod`,
     as torch.compile does); its forward runs the original's `__call__` through capture, so hooks
     are honoured."""
 
-    def __init__(self, mod, compiled_call):
+    def __init__(self, mod, compiled_call, settings=None):
         super().__init__()
         self._orig_mod = mod
         self.__dict__["_compiled_call"] = compiled_call  # not a submodule: state_dict stays the original's
+        self.__dict__["_settings"] = settings
+
+    def __reduce__(self):
+        """copy.deepcopy (and pickle): a wrapper compiled for the copy of the module. Copying the
+        compiled call itself would keep calling the original module."""
+        if self._settings is None:
+            return super().__reduce__()
+        return _optimized_module, (self._orig_mod, self._settings)
 
     def forward(self, *args, **kwargs):
         if compilation_disabled():
@@ -84,7 +107,7 @@ class OptimizedModule(torch.nn.Module):
         return self._compiled_call(*args, **kwargs)
 
     # the wrapper's own state; every other attribute lives on the original module
-    _own_attributes = frozenset({"_orig_mod", "_compiled_call", "forward", "__dict__"})
+    _own_attributes = frozenset({"_orig_mod", "_compiled_call", "_settings", "forward", "__dict__"})
 
     @property
     def training(self):

@@ -64,6 +64,22 @@ def test_module_wrapper_shares_parameters_and_state():
     torch.testing.assert_close(compiled(x), model(x))
 
 
+def test_deepcopy_of_a_compiled_module_runs_the_copy():
+    import copy
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 3)
+    compiled(x)
+    twin = copy.deepcopy(compiled)
+    assert twin._orig_mod is not model and isinstance(twin, type(compiled))
+    with torch.no_grad():
+        twin._orig_mod[0].weight.mul_(-2)  # the copy's parameters only
+    torch.testing.assert_close(twin(x), twin._orig_mod(x))
+    torch.testing.assert_close(compiled(x), model(x))
+    twin(x).sum().backward()  # gradients reach the copy's parameters, not the original's
+    assert twin._orig_mod[0].weight.grad is not None and model[0].weight.grad is None
+
+
 def test_list_backends_and_register():
     assert "inductor" in kiln.list_backends()
     assert "eager" not in kiln.list_backends() and "eager" in kiln.list_backends(None)

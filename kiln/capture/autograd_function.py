@@ -20,6 +20,7 @@ import inspect
 
 import torch
 
+from kiln import torch_compat
 from kiln.capture import subgraphs
 from kiln.capture.objects import BUILTIN_HANDLERS, call, const_value, getattr_var, is_same, wrap_const
 from kiln.capture.variables import (ConstantVariable, HandlerVariable, MethodVariable, SymNodeVariable,
@@ -116,8 +117,8 @@ def _staticmethod(cls, name):
 def _bind(og, forward, args, kwargs, skip_ctx):
     """The forward's arguments in order, defaults filled in, as apply binds them."""
     params = list(inspect.signature(forward).parameters.values())[1 if skip_ctx else 0:]
-    if kwargs and skip_ctx:
-        raise Unsupported("keyword arguments to Function.apply need a setup_context",
+    if kwargs and (skip_ctx or not torch_compat.function_apply_takes_keywords()):
+        raise Unsupported("keyword arguments to Function.apply need a setup_context (and torch 2.13+)",
                           python_exception=TypeError("apply() takes no keyword arguments"))
     try:
         bound = inspect.Signature(params).bind(*args, **kwargs)
@@ -296,4 +297,4 @@ def _outside_variable(node):
     return SymNodeVariable(node, value)
 
 
-BUILTIN_HANDLERS[inspect.getattr_static(_FUNCTION, "apply").__func__] = _apply
+BUILTIN_HANDLERS[torch_compat.function_apply] = _apply

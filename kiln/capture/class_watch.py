@@ -93,9 +93,14 @@ def guard_expression(cls, const):
 def _snapshot(cls):
     """(class, its MRO, and for each changeable class in it, a check per attribute that the class
     still holds that same object), all held weakly where the values allow it."""
-    return (weakref.ref(cls), tuple(map(weakref.ref, cls.__mro__)),
-            tuple((weakref.ref(k), {name: _same_as(v, k) for name, v in k.__dict__.items()})
-                  for k in cls.__mro__ if can_change(k)))
+    return (weakref.ref(cls), tuple(map(weakref.ref, _mro(cls))),
+            tuple((weakref.ref(k), {name: _same_as(v, k) for name, v in _class_dict(k).items()})
+                  for k in _mro(cls) if can_change(k)))
+
+
+# a class's own MRO and dict, as type's slots hold them (a metaclass may shadow the attributes)
+_mro = type.__dict__["__mro__"].__get__
+_class_dict = type.__dict__["__dict__"].__get__
 
 
 def _same_as(value, klass):
@@ -119,13 +124,13 @@ _OWN_SLOTS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 def _dicts_unchanged(snapshot):
     cls, mro, dicts = snapshot
     cls = cls()
-    if cls is None or len(cls.__mro__) != len(mro) or any(a is not b() for a, b in zip(cls.__mro__, mro)):
+    if cls is None or len(_mro(cls)) != len(mro) or any(a is not b() for a, b in zip(_mro(cls), mro)):
         return False
     for klass, attrs in dicts:
         klass = klass()
         if klass is None:
             return False
-        now = klass.__dict__
+        now = _class_dict(klass)
         if len(now) != len(attrs) or any(not same(now.get(name, _dicts_unchanged), klass)
                                           for name, same in attrs.items()):
             return False

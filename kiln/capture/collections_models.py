@@ -3,9 +3,9 @@ _count_elements): models over Variables, registered in objects / python_builtins
 import collections
 
 from kiln.capture import objects
-from kiln.capture.objects import TypeModel, call, const_value, getitem, setitem, unpack_iterable
+from kiln.capture.objects import TypeModel, call, const_value, getitem, iter_next, setitem, unpack_iterable
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_list_method
-from kiln.capture.variables import DequeVariable, GeneratorVariable, MethodVariable, const
+from kiln.capture.variables import BaseIterator, DequeVariable, MethodVariable, const
 from kiln.exc import Unsupported
 
 
@@ -58,8 +58,8 @@ class DequeModel(TypeModel):
         if name in ("append", "appendleft"):
             _extend(d, [args[0]], left=name == "appendleft")
         elif name in ("extend", "extendleft"):
-            if isinstance(args[0], GeneratorVariable):  # added as it yields: its code sees the deque grow
-                while (item := args[0].next()) is not None:
+            if isinstance(args[0], BaseIterator):  # added as it yields: its code (a generator's, map's
+                while (item := iter_next(frame, args[0])) is not None:  # function) sees the deque grow
                     _extend(d, [item], left=name == "extendleft")
             else:
                 _extend(d, unpack_iterable(frame, args[0]), left=name == "extendleft")

@@ -2,6 +2,7 @@
 Python decorator code (_DecoratorContextManager.__call__) over capture's model of the mode, so the
 wrapped function enters the mode on every call, as in eager; torch.inference_mode() is a grad-mode block
 too. Registers its models in objects."""
+import contextlib
 import inspect
 import types
 
@@ -67,6 +68,16 @@ def _set_grad_enabled_now(frame, args, kwargs):
     return const(None)
 
 
+def _profiler_label(frame, args, kwargs):
+    """torch.autograd.profiler.record_function(name): a label for the profiler, not computation (the
+    optimizers' step and zero_grad open one). Inside a graph it marks nothing, as under
+    torch.compile: capture enters a contextlib.nullcontext in its place, whose `as` value is a
+    record_function made natively but never entered (making one records nothing)."""
+    label = objects.fold_natively(frame.og, torch.autograd.profiler.record_function, args, kwargs)
+    return call(frame, frame.og.wrap(contextlib.nullcontext, None, guard=False), [label], {})
+
+
+objects.CONSTRUCTORS[torch.autograd.profiler.record_function] = _profiler_label
 objects.CONSTRUCTORS[torch.inference_mode] = _inference_mode
 objects.CONSTRUCTORS[torch.no_grad] = _grad_mode(torch.no_grad)
 objects.CONSTRUCTORS[torch.enable_grad] = _grad_mode(torch.enable_grad)

@@ -5,6 +5,7 @@ a graph break at that instruction (a break inside an inlined call breaks at the 
 site, so the callee runs — and is compiled — as a frame of its own). The result is compiled by the
 backend and wrapped in generated glue; see glue.py and resume.py.
 """
+import contextlib
 import dis
 import inspect
 import os
@@ -18,7 +19,8 @@ from kiln import config as config_mod
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
 from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
-                          context_managers, copy_models, function_objects, generator_models, library_models,
+                          context_managers, copy_models, function_objects, generator_models, itertools_models,
+                          library_models,
                           numpy_support, weakref_models)  # their models)
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
@@ -197,7 +199,8 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamism=None):
     the original exception raised instead).
     """
     try:
-        return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism)
+        with _user_autograd_hooks_hidden():
+            return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism)
     except (EagerFrame, KilnError):
         raise
     except Exception as e:
@@ -207,6 +210,25 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamism=None):
         if fullgraph:
             raise InternalError(msg) from e
         raise EagerFrame(msg) from e
+
+
+def _unchanged(t):
+    return t
+
+
+@contextlib.contextmanager
+def _user_autograd_hooks_hidden():
+    """Capture and the backend run ops only to trace them. The program's saved-tensor hooks
+    (torch.autograd.graph.saved_tensors_hooks) are for its own ops, not these: a pair of no-op hooks
+    on top of the stack hides them while compiling."""
+    if not torch._C._autograd._saved_tensors_hooks_is_enabled():  # (a transform disabled them)
+        yield
+        return
+    torch._C._autograd._push_saved_tensors_default_hooks(_unchanged, _unchanged)
+    try:
+        yield
+    finally:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
 
 
 def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
@@ -226,6 +248,11 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
             raise
         raise EagerFrame(f"{e.msg}; {code.co_qualname} runs eagerly") from e
     og.watch.note(f"the values {code.co_qualname} returns or passes on")
+    if _only_grad_mode_switches(og.graph):  # no computation: no graph, the switch runs natively
+        for node in [n for n in og.graph.nodes if n.op == "call_function"]:
+            og.graph.erase_node(node)
+        if og.grad_enabled != og.grad_at_entry:
+            tail = [f"{glue.const(torch._C._set_grad_enabled, 'SETGRAD')}({og.grad_enabled})"] + tail
     graph_fn, gm = _compile_graph(og, glue, backend, code)
     og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")
     run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
@@ -234,10 +261,16 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
     for expr in shape_guards(og):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
-    entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, reason, glue_src, guard_src,
+    entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, _detached(reason), glue_src, guard_src,
                        og.input_values(), og.guards.liveness)
     _log_entry(code, entry, og)
     return entry
+
+
+def _detached(reason):
+    """The break reason an entry keeps (for explain) without its traceback, whose frames hold the whole
+    capture and through it the program's objects (an optimizer and its state, for as long as the cache)."""
+    return None if reason is None else Unsupported(reason.msg, where=reason.where)
 
 
 def _compile_graph(og, glue, backend, code):
@@ -258,6 +291,11 @@ def _compile_graph(og, glue, backend, code):
             raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
         raise BackendCompilerFailed(backend.name, e) from e
     return compiled, gm
+
+
+def _only_grad_mode_switches(graph):
+    calls = [n for n in graph.nodes if n.op.startswith("call")]
+    return bool(calls) and all(n.target is torch._C._set_grad_enabled for n in calls)
 
 
 def _drop_unused_sizes(graph):

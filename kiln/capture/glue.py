@@ -22,6 +22,7 @@ from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVari
                                     ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable)
 from kiln.capture.graph_builder import python_expr
+from kiln.capture.guards import SYMPY_PRINTER_NAMES
 from kiln.capture.objects import key_var
 from kiln.exc import Unsupported
 
@@ -236,7 +237,7 @@ class Glue:
         """An iterator or dict view rebuilt as the same kind of object in the same state, over the
         rebuilt values it reads from (so a map stays a map, a list iterator stays live)."""
         if isinstance(var, DictViewVariable):
-            return f"{self.value(var.dict)}.{var.kind}()"
+            return var.source.expr(self.ctx) if var.source is not None else f"{self.value(var.dict)}.{var.kind}()"
         if isinstance(var, SequenceIterator):
             make = "reversed" if var.reverse else "iter"
             if var.done:
@@ -329,7 +330,7 @@ class Glue:
         uses_g = any("G[" in line for line in lines)
         body = (["G = F.__globals__"] if uses_g else []) + lines
         src = "def __kiln_entry(F, L):\n" + "".join(f"    {line}\n" for line in body)
-        ns = dict(self.ctx.consts)
+        ns = {**SYMPY_PRINTER_NAMES, **self.ctx.consts}
         exec(compile(src, "<kiln glue>", "exec"), ns)
         return ns["__kiln_entry"], src
 

@@ -20,6 +20,10 @@ import torch
 from kiln.capture import class_watch
 from kiln.capture.sources import CodeContext, TupleSource
 
+# what symbolic expressions printed as Python call: math.isnan / math.trunc, torch.sym_float, and on
+# torch 2.14 torch.sym_max / sym_min (ShapeEnv guards, and numbers the glue recomputes from sizes)
+SYMPY_PRINTER_NAMES = {"math": math, "torch": torch}
+
 
 class Guard:
     """`check` is an expression in `v`, with constants already interned in the entry's CodeContext."""
@@ -178,7 +182,7 @@ class GuardSet:
         prologue = ["G = F.__globals__"] if any("G[" in line for line in body) else []
         src = _fn("__kiln_guard", prologue + body + ["return True"], "False")
         fail_src = _fn("__kiln_guard_failure", prologue + fail_body + ["return None"], "-1")
-        ns = {"math": math, **self.ctx.consts}  # the ShapeEnv's guards on float inputs call math.isnan
+        ns = {**SYMPY_PRINTER_NAMES, **self.ctx.consts}
         exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
         failure, guards = ns["__kiln_guard_failure"], self.guards
 

@@ -16,7 +16,7 @@ from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, Variable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
                                     ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
                                     ListVariable,
@@ -47,7 +47,6 @@ NOT_CAPTURED = {
     "CHECK_EG_MATCH": "except* (exception groups)", "PREP_RERAISE_STAR": "except* (exception groups)",
     "ASYNC_GEN_WRAP": "an async generator", "BEFORE_ASYNC_WITH": "async with", "END_ASYNC_FOR": "async for",
     "GET_AITER": "async for", "GET_ANEXT": "async for", "GET_AWAITABLE": "await",
-    "CLEANUP_THROW": "throw() into a generator",
 }
 MAX_INLINE_DEPTH = 60
 MAX_STEPS = 2_000_000
@@ -297,9 +296,27 @@ class Frame:
 
     def finish_yield_from(self, value):
         """Leave the paused `yield from` with `value` as its result (its sub-generator has returned)."""
-        del self.stack[-2:]
-        self.push(value)
+        if facts.SEND_KEEPS_RECEIVER:
+            self.stack[-1] = value  # SEND jumps to END_SEND, which drops the receiver below it
+        else:
+            del self.stack[-2:]
+            self.push(value)
         self.jump(self.insts[self.ip - 2])
+
+    def CLEANUP_THROW(self, inst):
+        """3.12+: an exception thrown into a paused `yield from` came back out of it. StopIteration
+        ends the `yield from` with its value (in place of the receiver and the last value sent);
+        anything else propagates."""
+        exc = getattr(self.stack[-1], "value", None)
+        if isinstance(exc, StopIteration):
+            del self.stack[-3:]
+            self.push(const(None))  # where the receiver was: END_SEND drops it
+            value = exc.value  # a Variable, or a plain value (see generator_models.stop_iteration)
+            self.push(value if isinstance(value, Variable) else objects.wrap_const(self.og, value))
+            return
+        if isinstance(exc, BaseException):
+            raise Unsupported(f"{type(exc).__name__} raised through `yield from`", python_exception=exc)
+        raise Unsupported("an exception capture does not know, thrown through `yield from`")
 
     def GET_YIELD_FROM_ITER(self, inst):
         self.push(objects.get_iter(self, self.pop()))

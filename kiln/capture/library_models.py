@@ -19,11 +19,12 @@ import pathlib
 import sys
 import types
 
-from kiln.capture import objects
+from kiln.capture import graph_builder, objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
+from kiln.capture.sources import AttrSource
 from kiln.capture.variables import (BaseIterator, ConstantVariable, DictVariable, GeneratorVariable, IteratorVariable, ListVariable,
-                                    ObjectVariable, SetVariable, TupleVariable, const)
+                                    DictViewVariable, ObjectVariable, SetVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
 
@@ -286,3 +287,21 @@ class BoundBuiltinMethodModel(TypeModel):
 
 objects.TYPE_MODELS[types.BuiltinMethodType] = BoundBuiltinMethodModel()
 objects.TYPE_MODELS[types.MethodWrapperType] = BoundBuiltinMethodModel()  # (frozenset().__init__, 1 .__add__)
+
+
+def _wrap_dict_view(og, view, source, guard):
+    """An existing dict_keys / dict_values / dict_items (an argument): a live view of its dict, read
+    through the view's read-only `mapping` (guarded on its keys as a dict would be)."""
+    if source is None:
+        return ObjectVariable(view, None)
+    if guard:
+        og.guards.type_match(source, view)
+    mapping = og.wrap(view.mapping, AttrSource(source, "mapping"), guard)
+    if not isinstance(mapping, DictVariable):  # (keys capture cannot hold exactly: known by type only)
+        return ObjectVariable(view, source, opaque=True)
+    return DictViewVariable(mapping, _VIEW_KINDS[type(view)], source)
+
+
+_VIEW_KINDS = {type({}.keys()): "keys", type({}.values()): "values", type({}.items()): "items"}
+for _view_type in _VIEW_KINDS:
+    graph_builder.VALUE_WRAPPERS[_view_type] = _wrap_dict_view

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import inspect
 import operator
+import sys
 import types
 
 import torch
@@ -68,6 +69,7 @@ VARIABLE_MODELS = {}  # a Variable class modelled in its own module (function_ob
 MODULE_MODELS = {}  # top-level library module whose callables capture models as a whole ("numpy") -> TypeModel
 TENSOR_METHODS = {}  # Tensor method modelled in another module ("numpy") -> handler(frame, t, args, kwargs)
 SUBCLASS_CONSTRUCTORS = {}  # builtin base (list) -> handler(frame, cls, args, kwargs) for its subclasses, or None
+ITERATOR_STEPS = {}  # an iterator Variable kind defined in its own module -> fn(frame, it) -> next item or None
 CONSTRUCTORS = {}  # library class whose construction another module models -> handler(frame, args, kwargs);
 # a metaclass (EnumMeta) -> handler(frame, cls, args, kwargs) for every class made with it
 
@@ -806,6 +808,8 @@ def iter_next(frame, it):
             return None
         it.count += 1
         return make_tuple([const(it.count - 1), item])
+    if (step := ITERATOR_STEPS.get(type(it))) is not None:
+        return step(frame, it)
     raise Unsupported(f"next() on {describe(it)}")
 
 
@@ -940,6 +944,9 @@ def getattr_var(frame, obj, name):
             defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
             if defined or (not hasattr(cls.__mro__[-2], name) and _python_dunder(cls, "__getattr__")):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
+        if not hasattr(cls, name):  # (hasattr(a_dict, "to") is False, as in Python)
+            e = AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
+            raise Unsupported(f"AttributeError: {e}", python_exception=e)
         return MethodVariable(name, obj)
     if isinstance(obj, FreshObjectVariable):
         hook = inspect.getattr_static(obj.cls, "__getattribute__", None)
@@ -986,7 +993,8 @@ def store_fresh_attr(frame, obj, name, value):
     raw = inspect.getattr_static(obj.cls, name, None)
     if isinstance(raw, property):
         if raw.fset is None:
-            raise Unsupported(f"property {name} has no setter", python_exception=AttributeError(name))
+            e = AttributeError(f"property {name!r} of {obj.cls.__name__!r} object has no setter")  # CPython's words
+            raise Unsupported(f"AttributeError: {e}", python_exception=e)
         call(frame, MethodVariable(raw.fset, obj), [value], {})
         return
     obj.attrs[name] = value
@@ -1103,7 +1111,7 @@ def _object_attr(frame, obj, name, plain=False):
                 return call(frame, MethodVariable(meta_hook, obj), [const(name)], {})
             raise Unsupported(f"AttributeError: {e}", python_exception=e) from e
         if isinstance(raw, classmethod):
-            return MethodVariable(raw.__func__, obj)
+            return _classmethod_attr(frame, raw, obj)
         if isinstance(raw, staticmethod):
             return og.wrap(raw.__func__, None, guard=False)
         attr = getattr(value, name)
@@ -1193,7 +1201,7 @@ def _class_attr(frame, obj, cls, name):
     if isinstance(raw, staticmethod):
         return og.wrap(raw.__func__, None, guard=False)
     if isinstance(raw, classmethod):
-        return MethodVariable(raw.__func__, og.wrap(cls, None, guard=False))
+        return _classmethod_attr(frame, raw, og.wrap(cls, None, guard=False))
     if isinstance(raw, property):
         if raw.fget is None:
             raise Unsupported(f"unreadable property {name}")
@@ -1224,6 +1232,21 @@ def _class_attr(frame, obj, cls, name):
     return og.wrap(raw, AttrSource(ConstSource(cls), name))
 
 
+# Python 3.9-3.12: a classmethod binds through the descriptor it wraps (classmethod(property(f)) reads
+# as f(cls), a class-level property); 3.13 binds the wrapped object as a plain function
+_CLASSMETHOD_CHAINS = sys.version_info < (3, 13)
+
+
+def _classmethod_attr(frame, raw, cls_var):
+    """`cls.name` where the class holds classmethod `raw`: bound to the class `cls_var`."""
+    inner = raw.__func__
+    if _CLASSMETHOD_CHAINS and not isinstance(inner, types.FunctionType) and hasattr(type(inner), "__get__"):
+        if isinstance(inner, property) and inner.fget is not None:
+            return call(frame, MethodVariable(inner.fget, cls_var), [], {})
+        raise Unsupported(f"a classmethod over a {type(inner).__name__}")
+    return MethodVariable(inner, cls_var)
+
+
 def _super_attr(frame, sup, name):
     mro = sup.obj.python_type().__mro__ if not isinstance(sup.obj, ObjectVariable) or \
         not isinstance(sup.obj.value, type) else sup.obj.value.__mro__
@@ -1234,7 +1257,7 @@ def _super_attr(frame, sup, name):
             if isinstance(raw, types.FunctionType):
                 return MethodVariable(raw, sup.obj)
             if isinstance(raw, classmethod):
-                return MethodVariable(raw.__func__, frame.og.wrap(sup.obj.python_type(), None, guard=False))
+                return _classmethod_attr(frame, raw, frame.og.wrap(sup.obj.python_type(), None, guard=False))
             if isinstance(raw, staticmethod):
                 return frame.og.wrap(raw.__func__, None, guard=False)
             if isinstance(raw, property):
@@ -1367,7 +1390,15 @@ def readonly_dict_view(frame, obj, fn):
     return DictVariable({k: frame.og.wrap(dict.__getitem__(value, k), ItemSource(obj.source, k)) for k in value})
 
 
+def _refuse_new_leaf(frame, what, kwargs):
+    """A tensor made with requires_grad=True is a new autograd leaf: graphs traced into aot (backward
+    included) return plain tensors, so it is made outside the graph, as torch.compile does."""
+    if "requires_grad" in kwargs and truth(frame, kwargs["requires_grad"]):
+        raise Unsupported(f"{what}(requires_grad=True) makes a new autograd leaf")
+
+
 def _tensor_method(frame, t, name, args, kwargs):
+    _refuse_new_leaf(frame, f"Tensor.{name}", kwargs)
     if name == "item" and config.capture_scalar_outputs and not args and not kwargs:
         # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
         # at capture time, so a Python branch on it still breaks)
@@ -1379,6 +1410,8 @@ def _tensor_method(frame, t, name, args, kwargs):
         if name == "__len__":
             return builtin_len(frame, [t], {})
         raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
+    if name == "requires_grad_":  # a new autograd leaf, or a changed flag: made outside the graph (as
+        raise Unsupported("Tensor.requires_grad_() changes what autograd tracks")  # torch.compile does)
     return frame.og.call_op("call_method", name, [t] + list(args), kwargs)
 
 
@@ -1431,7 +1464,7 @@ def _is_torch_op(fn):
     if isinstance(fn, types.FunctionType):
         if not mod.startswith("torch"):
             return False
-        if mod.startswith(("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim")):
+        if mod.startswith(("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim", "torch.distributions")):
             return False
         return "." not in fn.__qualname__ or mod == "torch._tensor"
     if isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
@@ -1468,6 +1501,7 @@ def call_torch(frame, fn, args, kwargs):
         raise Unsupported(f"torch.{name} changes global state")
     if _passes_python_callable(args, kwargs):
         raise Unsupported(f"torch function {name} called with a Python function argument")
+    _refuse_new_leaf(frame, f"torch.{name}", kwargs)
     if not has_tensor:
         # a query (dispatch state, flags) must see the real state, not capture's fake mode; a factory
         # (torch.zeros) must become a node: the fake run tells which, without touching real RNG state
@@ -1536,6 +1570,9 @@ def _call_value(frame, fn_var, args, kwargs):
         if isinstance(func, types.FunctionType):
             return call_python_function(frame, func, [self_var] + list(args), kwargs)
         return call(frame, og.wrap(func, None, guard=False), [self_var] + list(args), kwargs)
+    if (handler := BUILTIN_HANDLERS.get(_c_classmethod(fn))) is not None:  # cls.m, m a C classmethod
+        cls_var = og.wrap(fn.__self__, AttrSource(fn_var.source, "__self__") if fn_var.source else None)
+        return handler(frame, [cls_var] + list(args), kwargs)
     handler = BUILTIN_HANDLERS.get(_key(fn))
     if handler is not None:
         return handler(frame, args, kwargs)
@@ -1592,6 +1629,15 @@ def _call_value(frame, fn_var, args, kwargs):
     raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)")
 
 
+def _c_classmethod(fn):
+    """The classmethod descriptor of a C classmethod bound to a class (`cls.m` -> the `m` its class
+    defines, as a handler is keyed: torch 2.14's autograd.Function.apply), else None."""
+    if not isinstance(fn, types.BuiltinMethodType) or not isinstance(fn.__self__, type):
+        return None
+    raw = inspect.getattr_static(fn.__self__, fn.__name__, None)
+    return raw if isinstance(raw, types.ClassMethodDescriptorType) else None
+
+
 def _key(fn):
     try:
         hash(fn)
@@ -1626,7 +1672,7 @@ def _construct(frame, cls_var, cls, args, kwargs):
         return fold_natively(og, cls, args, kwargs)
     if cls in (operator.itemgetter, operator.attrgetter, functools.partial):
         return fold_natively(og, cls, args, kwargs)
-    if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
+    if cls.__module__ == "builtins" or cls.__module__.startswith("torch") and not _python_library_class(cls):
         if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or cls.__module__ == "builtins":
             return fold_natively(og, cls, args, kwargs)
         raise Unsupported(f"constructing {cls.__qualname__}")
@@ -1659,6 +1705,11 @@ def _construct(frame, cls_var, cls, args, kwargs):
     return obj
 
 
+def _python_library_class(cls):
+    """A class of torch's written in Python that capture follows like user code (torch.distributions)."""
+    return cls.__module__.startswith("torch.distributions.")
+
+
 def _construct_module(frame, cls, args, kwargs):
     """`nn.ReLU()`, `nn.Softmax(dim=-1)`, `nn.Dropout(p)` in the frame: a module without parameters or
     buffers, made natively once from arguments known exactly and reused by every call (it holds no
@@ -1676,6 +1727,7 @@ def _construct_module(frame, cls, args, kwargs):
             not torch.equal(rng, torch.random.get_rng_state()):
         torch.random.set_rng_state(rng)
         raise Unsupported(f"creating module {cls.__qualname__} (with parameters or buffers) inside compiled code")
+    frame.og.guards.const(module, "MADE")  # owned by the entry (its guards hold what they check weakly)
     return frame.og.wrap(module, ConstSource(module))
 
 

@@ -561,12 +561,41 @@ def _b_abs(frame, args, kwargs):
 
 
 def _b_minmax(fn):
+    sym = torch.sym_max if fn is max else torch.sym_min
+
     def handler(frame, args, kwargs):
         items = unpack_iterable(frame, args[0]) if len(args) == 1 else list(args)
         if any(isinstance(i, TensorVariable) for i in items):
             raise Unsupported(f"{fn.__name__}() over tensors needs their data")
+        if not kwargs and _same_number_kind(items):  # max(0, n - k) of a dynamic size: no specialization
+            result = items[0]
+            for item in items[1:]:
+                result = frame.og.call_op("call_function", sym, [result, item], {})
+            return result
         return fold_natively(frame.og, fn, [ListVariable(items)], kwargs)
     return handler
+
+
+def _same_number_kind(items):
+    """Symbolic numbers, all ints (bools count) or all floats: torch.sym_max/sym_min of them gives what
+    max()/min() give (with ints and floats mixed, sym_max returns a float where max keeps an int)."""
+    kinds = {_NUMBER_KINDS.get(type(i.value)) if isinstance(i, (SymNodeVariable, ConstantVariable)) else None
+             for i in items}
+    return len(items) > 1 and len(kinds) == 1 and None not in kinds and \
+        any(isinstance(i, SymNodeVariable) for i in items)
+
+
+_NUMBER_KINDS = {int: int, bool: int, torch.SymInt: int, float: float, torch.SymFloat: float}
+
+
+def _b_slice(frame, args, kwargs):
+    """slice(stop) / slice(start, stop[, step]) as the BUILD_SLICE opcode makes it: with a symbolic
+    bound it stays symbolic (a tensor indexed by it keeps the size dynamic), not pinned to its value."""
+    parts = [const(None), *args] if len(args) == 1 else list(args)
+    if kwargs or not 2 <= len(parts) <= 3 or \
+            not all(p.is_constant() or isinstance(p, SymNodeVariable) for p in parts):
+        return fold_natively(frame.og, slice, args, kwargs)  # (and CPython's TypeError for wrong arguments)
+    return frame.make_slice(parts)
 
 
 def _b_isinstance_sub(frame, args, kwargs):
@@ -578,6 +607,21 @@ def _b_numeric(fn):
         if args and isinstance(args[0], TensorVariable):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data")
         return fold_natively(frame.og, fn, args, kwargs)
+    return handler
+
+
+def _number_of(fn):
+    """int() / float() of a symbolic size or number stays symbolic (torch.sym_int truncates as int()
+    does; int of a SymInt is itself): `int(h // 8 * 2 - 1)` must not pin the image size."""
+    fallback = _b_numeric(fn)
+
+    def handler(frame, args, kwargs):
+        v = args[0] if len(args) == 1 and not kwargs else None
+        if not isinstance(v, SymNodeVariable) or isinstance(v.value, torch.SymBool):
+            return fallback(frame, args, kwargs)
+        if fn is int and isinstance(v.value, torch.SymInt):
+            return v
+        return frame.og.call_op("call_function", torch.sym_int if fn is int else torch.sym_float, [v], {})
     return handler
 
 
@@ -658,7 +702,7 @@ def _b_accumulate(frame, args, kwargs):
 
 _ITERTOOLS = {itertools.chain: "all", itertools.product: "all", itertools.zip_longest: "all",
               itertools.combinations: 1, itertools.permutations: 1, itertools.combinations_with_replacement: 1,
-              itertools.islice: 1, itertools.pairwise: 1}
+              itertools.pairwise: 1}
 
 
 def _b_chain_from_iterable(frame, args, kwargs):
@@ -715,8 +759,8 @@ BUILTIN_HANDLERS = {
     tuple: _iterable_builtin(tuple), next: _b_next, dict: build_dict, set: _b_set, frozenset: _b_frozenset,
     sum: _reducing(sum), any: _reducing(any), all: _reducing(all), min: _extremum(min), max: _extremum(max),
     super: _b_super, print: _b_print, callable: _b_callable, id: _b_id, abs: _b_abs,
-    int: _b_numeric(int), float: _b_numeric(float), bool: _b_numeric(bool), str: _text_of(str, "__str__"),
-    round: _b_numeric(round), range: _b_numeric(range), slice: _b_numeric(slice), divmod: _b_numeric(divmod),
+    int: _number_of(int), float: _number_of(float), bool: _b_numeric(bool), str: _text_of(str, "__str__"),
+    round: _b_numeric(round), range: _b_numeric(range), slice: _b_slice, divmod: _b_numeric(divmod),
     pow: _b_numeric(pow), repr: _text_of(repr, "__repr__"), format: _b_numeric(format), chr: _b_numeric(chr),
     ord: _b_numeric(ord), hash: _b_numeric(hash), map: _b_map, filter: _b_filter, sorted: _b_sorted,
     complex: _b_numeric(complex), functools.reduce: _b_reduce, collections.OrderedDict: _b_ordered_dict,

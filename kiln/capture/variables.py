@@ -421,10 +421,11 @@ class DictIterator(BaseIterator):
 
 class DictViewVariable(Variable):
     """`d.keys()`, `d.values()`, `d.items()`: a live view of the DictVariable `dict` (`kind` is the
-    method name), so a later `d[k] = v` shows in it as in CPython."""
+    method name), so a later `d[k] = v` shows in it as in CPython. `source`: where an existing view
+    (an argument) is reloaded from; its dict is the view's read-only `mapping`."""
 
-    def __init__(self, dict_var, kind):
-        self.dict, self.kind = dict_var, kind
+    def __init__(self, dict_var, kind, source=None):
+        self.dict, self.kind, self.source = dict_var, kind, source
 
     def python_type(self):
         return type(getattr({}, self.kind)())

@@ -2,6 +2,7 @@
 (not autograd's derivative of the forward) computes the gradients, and what cannot be traced is a clean
 graph break. Eager is the oracle: results and gradients compared on every backend."""
 import os
+import re
 
 import pytest
 import torch
@@ -210,8 +211,25 @@ class SquareSetup(torch.autograd.Function):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_setup_context_and_saved_output(backend):
     def fn(x):
-        return SquareSetup.apply(x, power=3)
+        return SquareSetup.apply(x, 3)
     check_training(fn, torch.rand(6) + 0.5, backend=backend)
+
+
+def test_apply_keyword_arguments_like_eager():
+    """torch 2.13+ binds keywords to the forward of a Function with a setup_context; torch 2.11 raises
+    TypeError for any keyword to apply. Compiled code does what this torch's eager does."""
+    def fn(x):
+        return SquareSetup.apply(x, power=3)
+    x = torch.rand(6) + 0.5
+    try:
+        fn(x)
+    except TypeError as e:
+        with pytest.raises(TypeError, match=re.escape(str(e))):
+            kiln.compile(fn, backend="eager")(x)
+        with pytest.raises(kiln.Unsupported, match="keyword arguments to Function.apply"):
+            kiln.compile(fn, backend="eager", fullgraph=True)(x)
+        return
+    check_training(fn, x, backend="eager")
 
 
 class OnceDifferentiable(torch.autograd.Function):
@@ -354,3 +372,20 @@ def test_same_tensor_passed_twice(backend):
     def fn(x):
         return MulAdd.apply(x, x, x * 2)
     check_training(fn, torch.randn(5), backend=backend)
+
+
+scaled_tanh = ScaledTanh.apply  # the common alias; a C method on torch >= 2.14: a new object at each read
+
+
+def test_apply_read_each_call_compiles_once():
+    """`ScaledTanh.apply` read from the class (a new bound method at each read on torch >= 2.14) and
+    through an alias: guarded by equality (same class, same function), not identity, so later calls
+    reuse the compiled code."""
+    def fn(x):
+        return scaled_tanh(x, 0.5) * ScaledTanh.apply(x)
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert counter.frame_count == 1

@@ -104,6 +104,14 @@ def test_one_graph(fn):
     check_graphs(fn, *args, graphs=1, fullgraph=True)
 
 
+def test_modules_made_in_forward_compile_once():
+    counter = CompileCounter()
+    compiled = kiln.compile(modules_made_in_forward, backend=counter, fullgraph=True)
+    for _ in range(3):
+        assert_same(modules_made_in_forward, compiled, t(3))
+    assert counter.frame_count == 1  # the entry owns the module it made (its guards hold it weakly)
+
+
 def test_a_changed_recursion_limit_recompiles():
     counter = CompileCounter()
     fn = lambda x: x * sys.getrecursionlimit()  # noqa: E731
@@ -267,3 +275,39 @@ class _OwnCall(torch.nn.Module):
 def test_module_subclass_with_its_own_call_runs_it():
     mod = _OwnCall()
     check_graphs(lambda x: mod(x) - 1, t(3), graphs=1, fullgraph=True)
+
+
+class _ShadowingMeta(type):
+    @property
+    def __dict__(cls):  # a metaclass's properties shadow type's own __dict__ and __mro__
+        return {"shadow": 1}
+
+    @property
+    def __mro__(cls):
+        return ("shadow",)
+
+
+class _Shadowed(metaclass=_ShadowingMeta):
+    marker = 7
+
+
+def reads_shadowed_class_attributes(x):
+    return x + _Shadowed.__dict__["shadow"] + len(_Shadowed.__mro__)
+
+
+def test_metaclass_shadowing_mro_and_dict_is_read_as_python_does():
+    # (was an internal error: the class watch walked the shadowing __mro__)
+    check_graphs(reads_shadowed_class_attributes, t(2), graphs=1, fullgraph=True)
+
+
+def hasattr_on_containers(x, d, lst, tup):
+    y = x.to("cpu") if hasattr(d, "to") else torch.cos(d["a"])  # a dict has no .to
+    z = x + 1 if hasattr(lst, "shape") else x - 1
+    return (y, z, hasattr(d, "items"), hasattr(lst, "append"), hasattr(tup, "count"), hasattr(tup, "append"),
+            hasattr({"k": 1}, "keys"), hasattr([], "nope"), hasattr(set(), "add"))
+
+
+def test_hasattr_on_containers_asks_their_type():
+    # (was True for any name: a wrong branch without fullgraph, an error with it)
+    check_graphs(hasattr_on_containers, t(2), {"a": t(2)}, [1], (1,), graphs=1, fullgraph=True)
+    check_graphs(hasattr_on_containers, t(2), {"a": t(2)}, [1], (1,), graphs=1)

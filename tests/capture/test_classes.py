@@ -1,10 +1,13 @@
 """User classes: methods, super(), properties, classmethod/staticmethod, instances created and
 mutated inside the region, attribute get/set on objects passed in (state after the call as eager)."""
 import dataclasses
+import enum
+import sys
 
 import pytest
 import torch
 
+import kiln
 from tests.utils import check_graphs
 
 
@@ -158,3 +161,51 @@ def test_method_of_object_argument():
     def f(x, obj):
         return obj.apply(x) + obj.doubled_bias
     check_graphs(f, torch.randn(3), Child(torch.ones(3)), graphs=1)
+
+
+class _Slots(enum.IntEnum):
+    _FIRST = 0
+
+    @classmethod
+    @property
+    def FIRST(cls):  # a class-level property (classmethod over property, Python 3.9-3.12)
+        return cls._FIRST
+
+
+class _Scaled:
+    @classmethod
+    @property
+    def scale(cls):
+        return 3
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="classmethod no longer wraps descriptors")
+def test_classmethod_over_property_reads_the_value():
+    def fn(x):
+        y = x[..., _Slots.FIRST].tanh()
+        return (y * _Scaled.scale + _Scaled().scale) if _Slots.FIRST == 0 else -y
+
+    # (was the bound method: an error indexing with it, a wrong branch comparing it)
+    check_graphs(fn, torch.randn(3, 2), graphs=1, fullgraph=True)
+
+
+@dataclasses.dataclass
+class _Shadowed:
+    value: torch.Tensor
+    edges: torch.Tensor
+
+    @property
+    def edges(self):  # noqa: F811 (the property shadows the field: the dataclass __init__ cannot set it)
+        return self.value * 2
+
+
+def test_setting_a_property_without_setter_raises_pythons_error():
+    def fn(x):
+        return _Shadowed(value=x, edges=x).value.sum()
+
+    with pytest.raises(AttributeError, match="property 'edges' of '_Shadowed' object has no setter"):
+        fn(torch.randn(3))
+    with pytest.raises(Exception, match="property 'edges' of '_Shadowed' object has no setter"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(3))
+    with pytest.raises(AttributeError, match="property 'edges' of '_Shadowed' object has no setter"):
+        kiln.compile(fn, backend="eager")(torch.randn(3))

@@ -64,6 +64,36 @@ class Registry(collections.OrderedDict):
     pass
 
 
+class Span(NamedTuple):  # a NamedTuple with methods of its own
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+    def width(self):
+        return self.hi - self.lo
+
+    @property
+    def mid(self):
+        return (self.lo + self.hi) / 2
+
+    @staticmethod
+    def unit():
+        return 1
+
+    @classmethod
+    def label(cls):
+        return cls.__name__
+
+
+class ScaledSpan(Span):
+    def scaled(self, k):
+        return self.width() * k
+
+
+def namedtuple_own_methods(lo, hi):
+    s, z = Span(lo, hi), ScaledSpan(hi, lo)
+    return s.width(), s.mid, s.unit(), s.label(), z.scaled(3), z.label(), Span._make([hi, lo]).width()
+
+
 def tuple_subclass_passed_in(x, tup):
     y = torch.cos(x) if 3 in tup else torch.sin(x)
     return y * tup.doubled_len()
@@ -126,6 +156,7 @@ def test_list_subclass_mutations_and_attributes_are_written_back():
     (subclass_equality_and_operators, lambda: (t(1), FixedTuple(), FixedTuple(), AddablePair(t(4), t(2, 8)),
                                               AddablePair(t(1), t(2, 1)))),
     (ordered_dict_subclass_passed_in, lambda: (torch.ones(8), Registry({"key1": torch.ones(8)}))),
+    (namedtuple_own_methods, lambda: (t(3), t(3))),
 ])
 def test_one_graph(fn, args):
     check_graphs(fn, *args(), graphs=1, fullgraph=True)

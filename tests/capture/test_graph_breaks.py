@@ -545,3 +545,57 @@ def test_python_state_read_after_break_not_stale(capsys):
     for scale in (1.0, 3.0, -2.0):
         settings["scale"] = scale
         torch.testing.assert_close(compiled(x), f(x))
+
+
+class _Stepper:
+    def __init__(self):
+        self.state = torch.ones(3)
+
+    def step(self, x):
+        self.state.add_(x)
+        print("stepped")  # a graph break inside a method of the object
+        return self.state * 2
+
+
+STEPPER = _Stepper()
+
+
+def steps_the_global_stepper(x):
+    return STEPPER.step(x) + 1
+
+
+def test_cache_does_not_keep_objects_alive_after_a_break(capsys):
+    """A compiled frame that broke keeps its break reason, not the capture's Python frames (which
+    held every object the frame touched: an optimizer and its state, for as long as the cache)."""
+    import gc
+    import weakref
+    global STEPPER
+    compiled = kiln.compile(steps_the_global_stepper, backend=CompileCounter())
+    torch.testing.assert_close(compiled(torch.ones(3)), torch.full((3,), 5.0))
+    state = weakref.ref(STEPPER.state)
+    STEPPER = None
+    gc.collect()
+    assert state() is None
+    STEPPER = _Stepper()
+
+
+def breaks_in_a_no_grad_block(x):
+    with torch.no_grad():
+        print("in the block")
+        return x * 2
+
+
+def switches_grad_off_and_returns(x):
+    torch._C._set_grad_enabled(False)
+    return x
+
+
+def test_a_graph_of_grad_mode_switches_alone_is_not_compiled(capsys):
+    x = torch.randn(3, requires_grad=True)
+    counter = check_graphs(breaks_in_a_no_grad_block, x, graphs=1)  # the resume function's only
+    assert not kiln.compile(breaks_in_a_no_grad_block, backend=counter)(x).requires_grad
+    try:
+        out = kiln.compile(switches_grad_off_and_returns, backend=counter)(x)
+        assert out is x and not torch.is_grad_enabled()  # the switch still happens, natively
+    finally:
+        torch._C._set_grad_enabled(True)

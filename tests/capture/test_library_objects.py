@@ -457,3 +457,77 @@ def test_weakref_made_in_frame_is_returned_as_one():
     x = t(2)
     out, ref = kiln.compile(lambda a: (a + 1, weakref.ref(a)), backend=CompileCounter(), fullgraph=True)(x)
     assert ref() is x
+
+
+# ---- torch.distributions: classes written in Python, followed like user code ----------------------------------
+def distribution_log_prob(loc, scale):
+    normal = torch.distributions.Normal(loc, scale, validate_args=False)
+    joint = torch.distributions.Independent(normal, 1, validate_args=False)
+    return joint.log_prob(loc * 2), normal.mean, normal.stddev, joint.entropy()
+
+
+def test_distribution_made_in_frame_one_graph():
+    check_graphs(distribution_log_prob, t(3), torch.rand(3) + 0.5, graphs=1, fullgraph=True)
+
+
+def test_distribution_argument_validation_still_raises():
+    def fn(loc, scale):
+        return torch.distributions.Normal(loc, scale).log_prob(loc)
+
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    loc = t(3)
+    torch.testing.assert_close(compiled(loc, torch.ones(3)), fn(loc, torch.ones(3)))
+    with pytest.raises(ValueError):
+        compiled(t(3), -torch.ones(3))  # a negative scale: eager's validation error
+
+
+# ---- profiler labels: no computation, no break ------------------------------------------------------------------
+def labelled_regions(x):
+    y = x ** 2
+    with torch.autograd.profiler.record_function("outer") as label:
+        y = y + 2
+        with torch.profiler.record_function("inner"):
+            z = y ** 3
+    return z + 1, label.name
+
+
+def test_record_function_blocks_one_graph():
+    check_graphs(labelled_regions, t(2, 2), graphs=1, fullgraph=True)
+
+
+# ---- dict views passed in: live views of their dict -------------------------------------------------------------
+def reads_dict_views(x, d, keys, values, items):
+    if "c" in keys:
+        x = x + d["c"]
+    for k in keys:
+        x = x + len(k)
+    for _, v in items:
+        x = x * v
+    return x + sum(values), keys, list(values), len(items)
+
+
+def test_dict_views_passed_in_one_graph_and_guarded_on_their_dict():
+    counter = CompileCounter()
+    compiled = kiln.compile(reads_dict_views, backend=counter, fullgraph=True)
+    d = {"a": 1, "b": 2}
+    for change in [None, ("c", 3), ("a", 5), None]:
+        if change:
+            d[change[0]] = change[1]  # a new key, then a new value: each recompiles
+        x = t(2)
+        got = compiled(x, d, d.keys(), d.values(), d.items())
+        want = reads_dict_views(x, d, d.keys(), d.values(), d.items())
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] and type(got[1]) is type(want[1])
+    assert counter.frame_count == 3
+
+
+def deque_extended_from_lazy_iterators(x):
+    d = collections.deque([1])
+    d.extendleft(map(lambda z: z + d[0], range(3)))  # each item sees the deque as it grows
+    d.extend(filter(lambda z: z > d[-1] - 3, [0, 5, 1, 9]))
+    return x + d[0], d
+
+
+def test_deque_extended_item_by_item_from_lazy_iterators():
+    # (was: the map drained before the first appendleft - a wrong deque)
+    check_graphs(deque_extended_from_lazy_iterators, t(2), graphs=1, fullgraph=True)

@@ -2,6 +2,7 @@
 and global containers mutated, outputs aliasing inputs. State after the call must be eager's."""
 import sys
 
+import pytest
 import torch
 
 import kiln
@@ -242,3 +243,28 @@ def test_input_resized_in_place():
     x = torch.zeros(4)
     assert kiln.compile(f, backend=CompileCounter())(x) == torch.Size([2, 2])
     assert x.shape == (2, 2)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_saved_tensor_hooks_see_only_the_programs_own_saves(backend):
+    """Compiling runs ops to trace them; the program's saved-tensor hooks must not see those."""
+    calls = {"pack": 0, "unpack": 0}
+
+    def pack(t):
+        calls["pack"] += 1
+        return t
+
+    def unpack(t):
+        calls["unpack"] += 1
+        return t
+
+    def f(x, y):
+        return x * y
+
+    x, y = torch.ones(4, requires_grad=True), torch.ones(4)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = kiln.compile(f, backend=backend)(x, y)
+        assert calls == {"pack": 1, "unpack": 0}  # eager saves y once for x's gradient
+        out.sum().backward()
+        assert calls == {"pack": 1, "unpack": 1}
+    torch.testing.assert_close(x.grad, y)

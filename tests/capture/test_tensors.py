@@ -244,3 +244,22 @@ def test_enable_grad_state_read():
     def f(x):
         return x * 2 if torch.is_grad_enabled() else x * 3
     check_graphs(f, torch.randn(3), graphs=1)
+
+
+def leaves_made_in_frame(x):
+    w = torch.ones(3, requires_grad=True)
+    b = x.new_zeros(3, requires_grad=True)
+    c = (x * 2).detach().requires_grad_()
+    return w, b, c, w * x + b, c.sum()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_new_autograd_leaves_keep_requires_grad_and_get_gradients(backend):
+    x = torch.randn(3)
+    compiled = kiln.compile(leaves_made_in_frame, backend=backend)
+    for got, want in zip(compiled(x), leaves_made_in_frame(x)):
+        torch.testing.assert_close(got, want)
+        assert (got.requires_grad, got.is_leaf) == (want.requires_grad, want.is_leaf)
+    w, b, c, y, s = compiled(x)
+    (y.sum() + s).backward()  # the leaves made in the frame get their gradients, as eager's do
+    torch.testing.assert_close((w.grad, b.grad, c.grad), (x, torch.ones(3), torch.ones(3)))
