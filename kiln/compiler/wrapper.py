@@ -208,11 +208,11 @@ def _extern(src, call, buffers, kernel_read):
         src.line(f"{results} = {target}({', '.join(args)})")
     else:
         src.line(f"{call.name} = {target}({', '.join(args)})")
-        if results is not None:
+        if results is not None:  # (with none, the call's name is dropped as its buffer: memory_plan)
             for path, name in pytree.tree_flatten_with_path(results)[0]:
                 if name is not None:
                     src.line(f"{name} = {call.name}{''.join(f'[{p.idx}]' for p in path)}")
-        src.line(f"del {call.name}")  # the results it holds are released one by one
+            src.line(f"del {call.name}")  # the results it holds are released one by one
     for name in pytree.tree_leaves(results):
         if name is not None and name in kernel_read:
             layout = buffers[name].layout
