@@ -33,6 +33,7 @@ from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariabl
                                     is_constant)
 import torch._guards
 from kiln.exc import Unsupported
+from kiln import torch_compat
 from kiln.torch_compat import UnmanagedAutocast
 
 # What the fake mode raises for a data-dependent op when it has no ShapeEnv
@@ -424,8 +425,11 @@ class OutputGraph:
         for attempt in range(2):
             try:
                 # the Python dispatcher runs ops' SymInt-aware Python decompositions (C++ composites
-                # such as torch 2.11's matmul call numel() on symbolic sizes and fail), as torch does
-                with self.fake_mode, enable_python_dispatcher(), torch.set_grad_enabled(self.grad_enabled):
+                # such as torch 2.11's matmul call numel() on symbolic sizes and fail), as torch does,
+                # except where this torch's decomposition is wrong (torch_compat)
+                dispatcher = enable_python_dispatcher() if torch_compat.fake_runs_python_dispatcher(target) \
+                    else contextlib.nullcontext()
+                with self.fake_mode, dispatcher, torch.set_grad_enabled(self.grad_enabled):
                     if kind == "call_method":
                         return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                     return target(*fake_args, **fake_kwargs)

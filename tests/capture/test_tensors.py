@@ -244,3 +244,17 @@ def test_enable_grad_state_read():
     def f(x):
         return x * 2 if torch.is_grad_enabled() else x * 3
     check_graphs(f, torch.randn(3), graphs=1)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_lstm_state_shapes_read_during_capture(batch_first):
+    """h_n and c_n's shapes come from the fakes capture made (torch 2.11's Python decomposition of lstm,
+    run when an input needs grad, gave them an extra dimension: a wrong answer, not a break)."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, num_layers=2, batch_first=batch_first)
+
+    def fn(x):
+        out, (h, c) = lstm(x)
+        return out * 2, h.shape, c.shape, h.dim()
+
+    check_graphs(fn, torch.randn(3, 5, 4, requires_grad=True), graphs=1)
