@@ -18,6 +18,11 @@ optimization_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbo
 # torch.amp.autocast in torch 2.13+; torch 2.11 enters torch.amp.autocast itself.
 UnmanagedAutocast = getattr(autocast_mode, "_UnmanagedAutocast", autocast_mode.autocast)
 
+# Ops whose Python decomposition (run under the Python dispatcher for symbolic sizes) gives other
+# shapes than eager's C++ kernel in this torch: their fake run always takes the C++ path. torch 2.11's
+# `lstm_impl` (one_layer_lstm) returns h_n/c_n with an extra dim when the input requires grad.
+WRONG_PYTHON_DECOMPOSITIONS = frozenset([torch.lstm, torch._VF.lstm] if torch.__version__ < (2, 13) else [])
+
 # What a call of `SomeFunction.apply` calls, as a key for capture's handlers: torch before 2.14 defines
 # autograd.Function.apply as a classmethod of a Python function (the key: that function); torch 2.14
 # defines it in C, a classmethod descriptor (the key: the descriptor; `cls.apply` is a builtin method
@@ -45,24 +50,3 @@ def function_apply_takes_keywords():
     except TypeError:
         return False
 
-
-def fake_runs_python_dispatcher(target):
-    """Should capture run `target` on fake tensors under the Python dispatcher (its SymInt-aware Python
-    decompositions)? Yes, except torch.lstm on a torch whose Python decomposition of it is wrong."""
-    return not (target == torch.lstm and _lstm_decomposition_is_wrong())
-
-
-@functools.cache
-def _lstm_decomposition_is_wrong():
-    """torch 2.11's Python decomposition of torch.lstm (CPU, an input needing grad, batch > 1) gives h_n
-    and c_n an extra dimension: (layers, 1, batch, hidden). The real op does not, so the shapes capture
-    read from the fakes would be wrong answers. Asked of torch itself, the first time capture meets lstm."""
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode(), torch.enable_grad():
-        x, h = torch.empty(2, 1, 1, requires_grad=True), torch.empty(1, 2, 1)
-        weights = [torch.empty(4, 1, requires_grad=True) for _ in range(2)] + \
-            [torch.empty(4, requires_grad=True) for _ in range(2)]
-        with enable_python_dispatcher():
-            h_n = torch.lstm(x, (h, h), weights, True, 1, 0.0, True, False, True)[1]
-    return h_n.shape != h.shape

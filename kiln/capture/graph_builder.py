@@ -424,12 +424,8 @@ class OutputGraph:
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         for attempt in range(2):
             try:
-                # the Python dispatcher runs ops' SymInt-aware Python decompositions (C++ composites
-                # such as torch 2.11's matmul call numel() on symbolic sizes and fail), as torch does,
-                # except where this torch's decomposition is wrong (torch_compat)
-                dispatcher = enable_python_dispatcher() if torch_compat.fake_runs_python_dispatcher(target) \
-                    else contextlib.nullcontext()
-                with self.fake_mode, dispatcher, torch.set_grad_enabled(self.grad_enabled):
+                with self.fake_mode, _dispatcher_for(target, fake_args, fake_kwargs), \
+                        torch.set_grad_enabled(self.grad_enabled):
                     if kind == "call_method":
                         return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                     return target(*fake_args, **fake_kwargs)
@@ -607,6 +603,27 @@ def _stable_key(k):
     if type(k) in (tuple, torch.Size):
         return all(_stable_key(i) for i in k)
     return type(k).__module__ == "typing" or type(k).__eq__ is object.__eq__ and not isinstance(k, torch.Tensor)
+
+
+def _dispatcher_for(target, fake_args, fake_kwargs):
+    """Where an op's fake run dispatches. With symbolic sizes among its arguments: the Python
+    dispatcher, which runs ops' SymInt-aware Python decompositions as torch.compile does (C++
+    composites such as torch 2.11's matmul call numel() on symbolic sizes and fail; F.pad's meta
+    would pin the sizes). With static sizes: the C++ kernels eager itself runs, so the shapes capture
+    sees are eager's (torch 2.11's Python LSTM decomposition gives h_n an extra dim that eager's
+    C++ LSTM does not)."""
+    if target in torch_compat.WRONG_PYTHON_DECOMPOSITIONS or not _any_symbolic((fake_args, fake_kwargs)):
+        return contextlib.nullcontext()
+    return enable_python_dispatcher()
+
+
+def _any_symbolic(tree):
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape):
+            return True
+    return False
 
 
 def _is_numpy_scalar(value):

@@ -16,7 +16,7 @@ from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
-from kiln.capture.variables import (NULL, AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
+from kiln.capture.variables import (NULL, AutocastVariable, Variable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
                                     ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
                                     ListVariable,
@@ -296,9 +296,27 @@ class Frame:
 
     def finish_yield_from(self, value):
         """Leave the paused `yield from` with `value` as its result (its sub-generator has returned)."""
-        del self.stack[-2:]
-        self.push(value)
+        if facts.SEND_KEEPS_RECEIVER:
+            self.stack[-1] = value  # SEND jumps to END_SEND, which drops the receiver below it
+        else:
+            del self.stack[-2:]
+            self.push(value)
         self.jump(self.insts[self.ip - 2])
+
+    def CLEANUP_THROW(self, inst):
+        """3.12+: an exception thrown into a paused `yield from` came back out of it. StopIteration
+        ends the `yield from` with its value (in place of the receiver and the last value sent);
+        anything else propagates."""
+        exc = getattr(self.stack[-1], "value", None)
+        if isinstance(exc, StopIteration):
+            del self.stack[-3:]
+            self.push(const(None))  # where the receiver was: END_SEND drops it
+            value = exc.value  # a Variable, or a plain value (see generator_models.stop_iteration)
+            self.push(value if isinstance(value, Variable) else objects.wrap_const(self.og, value))
+            return
+        if isinstance(exc, BaseException):
+            raise Unsupported(f"{type(exc).__name__} raised through `yield from`", python_exception=exc)
+        raise Unsupported("an exception capture does not know, thrown through `yield from`")
 
     def GET_YIELD_FROM_ITER(self, inst):
         self.push(objects.get_iter(self, self.pop()))
@@ -320,18 +338,6 @@ class Frame:
             self.jump(inst)
         else:
             self.push(item)
-
-    def CLEANUP_THROW(self, inst):
-        """3.12+: the handler of a `yield from`'s paused yield, reached when an exception thrown into
-        the generator came out of its sub-iterator: StopIteration ends the `yield from` with its value
-        (below it, the sub-iterator's slot that END_SEND drops); anything else propagates."""
-        exc = self.pop()
-        value = getattr(exc, "value", None)
-        if not isinstance(value, StopIteration):
-            raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
-        del self.stack[-2:]  # the sub-iterator and the value last sent
-        self.push(const(None))
-        self.push(objects.result_var(self.og, value.value))
 
     def END_SEND(self, inst):
         del self.stack[-2]  # 3.12+: the receiver below the sub-iterator's return value

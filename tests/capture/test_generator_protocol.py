@@ -69,6 +69,28 @@ def yield_from_delegation(x, log):
     return first, values
 
 
+def _catching_inner(t, log):
+    try:
+        yield t + 1
+    except KeyError:
+        log.append("inner caught")
+        return t * 3  # ends the `yield from` with this value: the outer generator goes on
+    return t
+
+
+def _catching_outer(t, log):
+    r = yield from _catching_inner(t, log)
+    log.append("outer resumed")
+    yield r - 1
+
+
+def throw_into_yield_from_that_returns(x, log):
+    g = _catching_outer(x, log)
+    first = next(g)
+    after_throw = g.throw(KeyError("k"))  # the sub-generator returns: the outer's next yield
+    return first, after_throw
+
+
 def _over_a_list(t, log):
     try:
         yield from [t + 1, t + 2]  # a list iterator has no throw(): the exception comes out of the yield
@@ -154,8 +176,8 @@ def raise_from_and_bare_raise(x):
     return r
 
 
-@pytest.mark.parametrize("fn", [send_throw_close, yield_from_delegation, throw_into_yield_from_a_list,
-                                dropped_generators_are_closed])
+@pytest.mark.parametrize("fn", [send_throw_close, yield_from_delegation, throw_into_yield_from_that_returns,
+                                throw_into_yield_from_a_list, dropped_generators_are_closed])
 def test_generator_protocol_with_side_effects_one_graph(fn):
     check_graphs(fn, t(3), [], graphs=1, fullgraph=True)
 
