@@ -49,4 +49,3 @@ def function_apply_takes_keywords():
         return True
     except TypeError:
         return False
-
