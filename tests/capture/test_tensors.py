@@ -263,3 +263,17 @@ def test_new_autograd_leaves_keep_requires_grad_and_get_gradients(backend):
     w, b, c, y, s = compiled(x)
     (y.sum() + s).backward()  # the leaves made in the frame get their gradients, as eager's do
     torch.testing.assert_close((w.grad, b.grad, c.grad), (x, torch.ones(3), torch.ones(3)))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_lstm_state_shapes_read_during_capture(batch_first):
+    """h_n and c_n's shapes come from the fakes capture made (torch 2.11's Python decomposition of lstm,
+    run when an input needs grad, gave them an extra dimension: a wrong answer, not a break)."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, num_layers=2, batch_first=batch_first)
+
+    def fn(x):
+        out, (h, c) = lstm(x)
+        return out * 2, h.shape, c.shape, h.dim()
+
+    check_graphs(fn, torch.randn(3, 5, 4, requires_grad=True), graphs=1)
