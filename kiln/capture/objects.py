@@ -1013,7 +1013,7 @@ def delattr_var(frame, obj, name):
             raise Unsupported(f"AttributeError: {name}", python_exception=AttributeError(name))
         del obj.attrs[name]
         return
-    if (model := VARIABLE_MODELS.get(type(obj))) is not None and name in getattr(getattr(obj, "attrs", None), "items", ()):
+    if type(obj) in VARIABLE_MODELS and name in getattr(getattr(obj, "attrs", None), "items", ()):
         del obj.attrs.items[name]  # a function's or partial's __dict__ entry
         return
     if isinstance(obj, ObjectVariable) and obj.source is not None and isinstance(getattr(obj.value, "__dict__", None), dict) \
