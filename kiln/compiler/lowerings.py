@@ -88,9 +88,19 @@ def logical_not(ctx, x):
     return pointwise(ctx, lambda a: op("logical_not", a, dtype=torch.bool), x, compute=torch.bool)
 
 
+def _scalar_in_tensor_dtype(a, b):
+    """`b` as eager's add, sub, fmod and remainder kernels use a Python float beside a bfloat16 or
+    float16 tensor: rounded to the tensor's dtype first (bf16(x) - 2.7 subtracts bf16(2.7) =
+    2.703125), then computed in float; mul and div keep the float as is."""
+    if isinstance(a, TensorValue) and a.dtype in (torch.bfloat16, torch.float16) and type(b) is float:
+        return float(torch.tensor(b, dtype=a.dtype))
+    return b
+
+
 def _with_alpha(name):
     def lower(ctx, a, b, alpha=None):
         check_real(a, b)
+        b = _scalar_in_tensor_dtype(a, b)
         if alpha is not None and alpha != 1:
             return pointwise(ctx, lambda x, y: op(name, x, op("mul", y, const(alpha, y.dtype))), a, b)
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
@@ -121,6 +131,8 @@ BINARY = {
 def _binary(name):
     def lower(ctx, a, b):
         check_real(a, b)
+        if name in ("fmod", "remainder"):
+            b = _scalar_in_tensor_dtype(a, b)
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
     return lower
 
