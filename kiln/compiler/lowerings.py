@@ -100,7 +100,7 @@ def _scalar_in_tensor_dtype(a, b):
 def _with_alpha(name):
     def lower(ctx, a, b, alpha=None):
         check_real(a, b)
-        b = _scalar_in_tensor_dtype(a, b)
+        a, b = _scalar_in_tensor_dtype(b, a), _scalar_in_tensor_dtype(a, b)  # (`2.7 - t` is sub(2.7, t))
         if alpha is not None and alpha != 1:
             return pointwise(ctx, lambda x, y: op(name, x, op("mul", y, const(alpha, y.dtype))), a, b)
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)

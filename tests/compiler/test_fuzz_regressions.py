@@ -229,10 +229,9 @@ def test_fill_of_an_expanded_input_after_an_automatic_dynamic_recompile():
 def test_python_float_beside_a_half_precision_tensor_is_rounded_as_eager_rounds_it():
     # seed 21475: torch.fmod(bf16, -2.7) differed from eager in 10 of 132 elements. Eager's add, sub,
     # fmod and remainder kernels round a Python float to the tensor's dtype before computing (mul and
-    # div keep it in float); kiln computed with -2.7 itself. (`2.7 - a` still differs: rsub reaches the
-    # lowering in another form, not found yet)
+    # div keep it in float); kiln computed with -2.7 itself
     def fn(a):
-        return (torch.fmod(a, -2.7), torch.remainder(a, 2.7), a + 1.3, a - 0.3, a * 1.3, a / 2.7,
+        return (torch.fmod(a, -2.7), torch.remainder(a, 2.7), a + 1.3, a - 0.3, 2.7 - a, a * 1.3, a / 2.7,
                 torch.clamp(torch.fmod(a, -2.7), min=a))
     for dtype in (torch.bfloat16, torch.float16):
         check(fn, lambda: (torch.arange(-400, 400).to(dtype) / 64,))
