@@ -722,15 +722,14 @@ _MAX_ITEMS = 100_000
 
 
 def _drain(frame, it):
-    """The items a Python-level iterator gives: __next__ until it raises StopIteration."""
-    items, next_method = [], getattr_var(frame, it, "__next__")
+    """The items a Python-level iterator gives: stepped as iter_next steps it (ObjectIterator) until
+    its __next__ raises StopIteration."""
+    items, stepper = [], ObjectIterator(it)
     while len(items) < _MAX_ITEMS:
-        try:
-            items.append(call(frame, next_method, [], {}))
-        except Unsupported as e:
-            if isinstance(e.python_exception, StopIteration):
-                return items
-            raise
+        item = _object_next(frame, stepper)
+        if item is None:
+            return items
+        items.append(item)
     raise Unsupported("an iterator gave too many items during capture")
 
 
