@@ -178,16 +178,20 @@ def pow_(ctx, a, b):
     # a vector powf call costs ~15 ns/element (GELU-tanh's x**3 made its kernel 10x slower).
     if not isinstance(b, TensorValue) and b == 2:
         return pointwise(ctx, lambda x: op("mul", x, x), a)
+    # eager's bfloat16 kernel computes these in bfloat16 vectors: x*x is rounded before the next step
+    def step(e):
+        return cast(cast(e, dtype), e.dtype) if dtype == torch.bfloat16 else e
     if not isinstance(b, TensorValue) and b == 3:
-        return pointwise(ctx, lambda x: op("mul", op("mul", x, x), x), a)
-    if not isinstance(b, TensorValue) and b == 0.5:
+        return pointwise(ctx, lambda x: op("mul", step(op("mul", x, x)), x), a)
+    # (not for float16, whose kernel calls pow: pow(-inf, 0.5) is inf, sqrt(-inf) NaN; pow(-0., 0.5) +0.)
+    if not isinstance(b, TensorValue) and b == 0.5 and dtype != torch.float16:
         return pointwise(ctx, lambda x: op("sqrt", x), a)
-    if not isinstance(b, TensorValue) and b == -0.5:
+    if not isinstance(b, TensorValue) and b == -0.5 and dtype != torch.float16:
         return pointwise(ctx, lambda x: op("rsqrt", x), a)
     if not isinstance(b, TensorValue) and b == -1:
         return pointwise(ctx, lambda x: op("reciprocal", x), a)
     if not isinstance(b, TensorValue) and b == -2:
-        return pointwise(ctx, lambda x: op("reciprocal", op("mul", x, x)), a)
+        return pointwise(ctx, lambda x: op("reciprocal", step(op("mul", x, x))), a)
     return pointwise(ctx, lambda x, y: op("pow", x, y), a, b)
 
 

@@ -264,3 +264,16 @@ def test_scalar_operand_of_a_half_precision_kernel_is_converted_as_eager_convert
     fn = HALF_SCALAR_PROGRAMS[program]
     grid = torch.cat([torch.arange(-400, 400) / 64, torch.tensor([2.7, 2.6875, 2.703125, 257, 300])])
     check(lambda a: fn(a, value), lambda: (grid.to(dtype),))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_pow_by_a_small_constant_rounds_as_eagers_kernel_does(dtype):
+    # pow by 3 and -2 in bfloat16 rounds x*x to bfloat16 before the next step (eager computes in
+    # bfloat16 vectors; kiln was 1 ulp off in a fifth of the elements); float16 calls pow for ±0.5
+    # (pow(-inf, 0.5) is inf where sqrt gives NaN, pow(-0., 0.5) is +0.)
+    def fn(x):
+        return x.pow(3), x.pow(-2), x.pow(0.5), x.pow(-0.5), x.pow(2), x.pow(-1)
+    grid = torch.cat([torch.linspace(0.01, 10, 4000), torch.tensor([0.0, -0.0, -4.0, float("inf"), -float("inf")])])
+    actual, expected = check(fn, lambda: (grid.to(dtype),), exact=False)
+    for i in (0, 1):  # bitwise where eager's steps are modelled
+        torch.testing.assert_close(actual[i], expected[i], rtol=0, atol=0, equal_nan=True)
