@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import functools
 import inspect
+import math
 import operator
 import sys
 import types
@@ -14,7 +15,6 @@ import types
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from kiln.capture import interpreter as interp
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
@@ -25,9 +25,16 @@ from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable
                                     MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
+                                    ObjectVariable, PartialVariable, RealCell, SetVariable, SliceVariable, SuperVariable,
+                                    SymNodeVariable,
                                     TensorKey, TensorVariable, TupleVariable, const, is_constant)
 from kiln.exc import Unsupported
+
+# The builtins and library functions capture models (fn -> handler(frame, args, kwargs)): python_builtins
+# and the *_models modules register theirs; `call` looks a callee up here before inlining it.
+BUILTIN_HANDLERS = {}
+# The methods of list/dict/set Variables (class -> fn(frame, obj, name, args, kwargs)), from python_builtins
+CONTAINER_METHODS = {}
 
 _STATEFUL_WORDS = ("seed", "set_", "rng", "manual", "deterministic", "synchronize", "empty_cache", "save",
                    "load", "print", "register", "backward", "_log_api_usage")
@@ -1314,14 +1321,13 @@ def setattr_var(frame, obj, name, value):
 
 # ---- calls --------------------------------------------------------------------------------------
 def call(frame, fn, args, kwargs):
-    og = frame.og
     if isinstance(fn, MethodVariable):
         return _call_method_var(frame, fn, args, kwargs)
     if isinstance(fn, FunctionVariable):
         defaults = fn.defaults.items if isinstance(fn.defaults, TupleVariable) else \
             [const(d) for d in fn.defaults.value] if fn.defaults is not None else None
         kwdefaults = dict_items(frame, fn.kwdefaults) if fn.kwdefaults is not None else None
-        return interp.inline_call(frame, fn.code, fn.f_globals, args, kwargs, defaults, kwdefaults, fn.closure)
+        return frame.inline_call(fn.code, fn.f_globals, args, kwargs, defaults, kwdefaults, fn.closure)
     if isinstance(fn, ExitVariable):
         fn.on_exit()
         return const(None)
@@ -1407,7 +1413,7 @@ def _tensor_method(frame, t, name, args, kwargs):
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":
-            return builtin_len(frame, [t], {})
+            return BUILTIN_HANDLERS[len](frame, [t], {})
         raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
     if name == "requires_grad_":  # a new autograd leaf, or a changed flag: made outside the graph (as
         raise Unsupported("Tensor.requires_grad_() changes what autograd tracks")  # torch.compile does)
@@ -1453,8 +1459,8 @@ def _inline_function(frame, fn, args, kwargs):
         src = AttrSource(ConstSource(fn), "__kwdefaults__")
         kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
     code = original_code(fn.__code__)  # a function made by a frame that ran rewritten (eager_frames)
-    cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
-    return interp.inline_call(frame, code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
+    cells = [RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
+    return frame.inline_call(code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
 
 
 def _is_torch_op(fn):
@@ -1855,9 +1861,71 @@ def call_module(frame, mod_var, args, kwargs):
     return result
 
 
-# container methods and builtins live in python_builtins (they call back into this module)
-from kiln.capture.python_builtins import (BUILTIN_HANDLERS, builtin_len, call_method, is_mapping_object,  # noqa: E402
-                                          mapping_items)
+# ---- methods of Python containers and constants --------------------------------------------------
+def call_method(frame, obj, name, args, kwargs):
+    og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.call_method(frame, name, args, kwargs)
+    if (model := model_of(obj) or VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.call_method(frame, obj, name, args, kwargs)
+    if name in _ITERATION_METHODS and not args and not kwargs:  # `range(5).__iter__()`, `it.__next__()`
+        return _ITERATION_METHODS[name](frame, obj)
+    for cls, method in CONTAINER_METHODS.items():  # list, dict, set: python_builtins
+        if isinstance(obj, cls):
+            return method(frame, obj, name, args, kwargs)
+    if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
+        fields = dict(zip(obj.cls._fields, obj.items))
+        if name == "_asdict":
+            return DictVariable(fields)
+        if any(k not in fields for k in kwargs):
+            raise Unsupported(f"{obj.cls.__qualname__}._replace got unexpected fields")
+        fields.update(kwargs)
+        return TupleVariable(list(fields.values()), cls=obj.cls)
+    if isinstance(obj, TupleVariable) and obj.cls is torch.Size and name == "numel":
+        return BUILTIN_HANDLERS[math.prod](frame, [obj], {})  # symbolic sizes stay symbolic
+    if isinstance(obj, TupleVariable):
+        if name in ("index", "count", "__len__", "__contains__", "__getitem__"):
+            if name == "__getitem__":
+                return getitem(frame, obj, args[0], builtin=True)
+            return fold_natively(og, getattr(const_value(obj), name), args, kwargs)
+        raise Unsupported(f"{type(obj).__name__}.{name}")
+    if isinstance(obj, ConstantVariable):
+        return fold_natively(og, getattr(obj.value, name), args, kwargs)
+    if name == "__delitem__" and isinstance(obj, TensorVariable):
+        raise Unsupported("del on a tensor item")
+    raise Unsupported(f"method {name} of {describe(obj)}")
+
+
+def _dunder_next(frame, it):
+    if not isinstance(it, BaseIterator):
+        raise Unsupported(f"__next__ of {describe(it)}")
+    return BUILTIN_HANDLERS[next](frame, [it], {})
+
+
+_ITERATION_METHODS = {"__iter__": get_iter, "__reversed__": get_reversed, "__next__": _dunder_next}
+
+
+def is_mapping_object(v):
+    """An object (not a dict capture tracks) with the mapping protocol: keys() and [k]."""
+    return isinstance(v, (ObjectVariable, FreshObjectVariable)) and hasattr(v.python_type(), "keys") and \
+        hasattr(v.python_type(), "__getitem__")
+
+
+def mapping_items(frame, v):
+    """The (key -> Variable) items of what dict(v) / d.update(v) accepts: a dict, a mapping object with
+    keys() and [k], or an iterable of key/value pairs."""
+    if isinstance(v, DictVariable):
+        return dict(v.items)
+    if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
+        return dict_items(frame, v)
+    if is_mapping_object(v):
+        keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
+        return {dict_key(k): getitem(frame, v, k) for k in keys}
+    items = {}
+    for pair in unpack_iterable(frame, v):
+        k, value = unpack_iterable(frame, pair)
+        items[dict_key(k)] = value
+    return items
 
 
 def _object_slot_call(slot):
