@@ -309,21 +309,33 @@ def _python_dunder(cls, name):
     return isinstance(attr, types.FunctionType)
 
 
-def user_dunder(v, name):
-    """Whether `v`'s class defines the special method `name` in Python, which then runs instead of
-    the built-in behaviour: a user object's, or a list/tuple subclass's (a NamedTuple's __add__)."""
+def python_special(frame, v, name, objects=True):
+    """The special method `name` of `v`'s class when the class defines it in Python (then it runs instead
+    of the built-in behaviour), bound to `v` as special_method finds it; else None. For a user object
+    (unless `objects` is False: a caller that first handles the library objects it models) and for a
+    container of a list/dict/set/tuple subclass (Counter.__missing__, a NamedTuple's __add__)."""
     if name is None:
-        return False
+        return None
     if isinstance(v, (ObjectVariable, FreshObjectVariable)):
-        return _python_dunder(v.python_type(), name)
-    base = list if isinstance(v, ListVariable) else tuple if isinstance(v, TupleVariable) else None
-    if base is not None and v.cls is not base and issubclass(v.cls, base):  # (a ModuleList slice is no list)
-        return _python_dunder(v.cls, name)
-    return False
+        cls = v.python_type() if objects else None
+    else:
+        cls = _container_subclass(v)
+    return special_method(frame, v, name) if cls is not None and _python_dunder(cls, name) else None
+
+
+_BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)
+
+
+def _container_subclass(v):
+    """The class of a list/dict/set/tuple Variable when it is a subclass of those; else None."""
+    if not isinstance(v, (ListVariable, DictVariable, SetVariable, TupleVariable)) or isinstance(v, DataDictVariable):
+        return None  # (a ModelOutput is modelled as a whole)
+    cls = v.python_type()
+    return cls if cls not in _BUILTIN_CONTAINER_TYPES and issubclass(cls, (list, dict, set, tuple)) else None
 
 
 def delitem(frame, obj, key):
-    own = own_dunder(obj, "__delitem__")
+    own = python_special(frame, obj, "__delitem__") if model_of(obj) is None else None  # (else: the model's)
     if own is not None:
         call(frame, own, [key], {})
     else:
@@ -331,7 +343,7 @@ def delitem(frame, obj, key):
 
 
 def contains(frame, container, item):
-    if (own := own_dunder(container, "__contains__")) is not None:
+    if (own := python_special(frame, container, "__contains__", objects=False)) is not None:
         return truth(frame, call(frame, own, [item], {}))
     if isinstance(container, TensorVariable) or isinstance(item, TensorVariable) and \
             not isinstance(container, (ListVariable, TupleVariable, SetVariable)):  # a set: by identity
@@ -359,9 +371,8 @@ def contains(frame, container, item):
             if isinstance(i, ConstantVariable) and isinstance(item, ConstantVariable) and i.value == item.value:
                 return True
         return False
-    if isinstance(container, (ObjectVariable, FreshObjectVariable)) and \
-            _python_dunder(container.python_type(), "__contains__"):
-        return truth(frame, call(frame, special_method(frame, container, "__contains__"), [item], {}))
+    if (own := python_special(frame, container, "__contains__")) is not None:
+        return truth(frame, call(frame, own, [item], {}))
     if isinstance(container, (ConstantVariable, ObjectVariable)) and isinstance(item, ConstantVariable):
         if _opaque(container):
             raise Unsupported(f"`in` over a {type(container.value).__qualname__} known only by its type")
@@ -378,7 +389,7 @@ def apply_operator(frame, op, args):
         if (model := model_of(a)) is not None and (result := model.operator(frame, op, args)) is not None:
             return result
     if len(args) == 2 and (name := _DUNDERS.get(op)) and op is not operator.getitem and \
-            (own := own_dunder(args[0], name)) is not None:  # a list/tuple subclass's own operator
+            (own := python_special(frame, args[0], name, objects=False)) is not None:  # a list subclass's own
         result = call(frame, own, args[1:], {})
         if not _not_implemented(result):
             return result
@@ -415,8 +426,9 @@ def apply_operator(frame, op, args):
         except Exception as e:
             raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     a = args[0]
-    if isinstance(a, (ListVariable, TupleVariable)) and user_dunder(a, _DUNDERS.get(op)):
-        return call(frame, special_method(frame, a, _DUNDERS[op]), args[1:], {})  # a NamedTuple's __add__
+    if isinstance(a, (ListVariable, TupleVariable)) and \
+            (own := python_special(frame, a, _DUNDERS.get(op))) is not None:  # a NamedTuple's __add__
+        return call(frame, own, args[1:], {})
     if len(args) == 2:
         b = args[1]
         if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) and \
@@ -453,8 +465,8 @@ def apply_operator(frame, op, args):
                           isinstance(b, (FreshObjectVariable, FunctionVariable))):
                 return const((a is b) == (op is operator.eq))
     name = _DUNDERS.get(op)
-    if name and user_dunder(a, name):
-        return call(frame, special_method(frame, a, name), args[1:], {})
+    if (own := python_special(frame, a, name)) is not None:
+        return call(frame, own, args[1:], {})
     if isinstance(a, ObjectVariable) and all(isinstance(x, (ObjectVariable, ConstantVariable)) for x in args) \
             and not _opaque(*args):
         if not _python_dunder(type(a.value), name or "__eq__"):
@@ -566,14 +578,12 @@ def getitem(frame, obj, key, builtin=False):
     """`obj[key]`; `builtin`: the base class's own item lookup (tuple.__getitem__ called from a
     subclass's __getitem__), never the subclass's."""
     og = frame.og
-    if not builtin and (own := own_dunder(obj, "__getitem__")) is not None:
+    if not builtin and (own := python_special(frame, obj, "__getitem__", objects=False)) is not None:
         return call(frame, own, [key], {})
     if isinstance(obj, TensorVariable):
         return og.call_op("call_function", operator.getitem, [obj, key], {})
     if isinstance(key, TensorVariable) and not isinstance(obj, DictVariable):  # a dict: keyed by identity
         raise Unsupported("indexing a Python container with a tensor")
-    if isinstance(obj, (ListVariable, TupleVariable)) and not builtin and user_dunder(obj, "__getitem__"):
-        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
     if isinstance(obj, (ListVariable, TupleVariable)):
         k = const_value(key, "index")
         if isinstance(k, slice):
@@ -624,8 +634,8 @@ def getitem(frame, obj, key, builtin=False):
             return og.wrap(mod._parameters[k], ItemSource(AttrSource(obj.source, "_parameters"), k))
     if isinstance(obj, ObjectVariable) and _is_typing_form(obj.value):  # List[int], Optional[T]: pure
         return fold_natively(og, operator.getitem, [obj, key], {})
-    if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and user_dunder(obj, "__getitem__"):
-        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
+    if (own := python_special(frame, obj, "__getitem__")) is not None:
+        return call(frame, own, [key], {})
     raise Unsupported(f"indexing {describe(obj)}")
 
 
@@ -641,7 +651,7 @@ def _child(og, mod_var, name):
 
 def setitem(frame, obj, key, value):
     og = frame.og
-    if (own := own_dunder(obj, "__setitem__")) is not None:
+    if (own := python_special(frame, obj, "__setitem__", objects=False)) is not None:
         call(frame, own, [key, value], {})
         return
     if isinstance(obj, TensorVariable):
@@ -664,13 +674,16 @@ def setitem(frame, obj, key, value):
     if (model := model_of(obj)) is not None:
         model.call_method(frame, obj, "__setitem__", [key, value], {})
         return
+    if (own := python_special(frame, obj, "__setitem__")) is not None:
+        call(frame, own, [key, value], {})
+        return
     raise Unsupported(f"item assignment on {describe(obj)}")
 
 
 # ---- iteration ----------------------------------------------------------------------------------
 def unpack_iterable(frame, v):
     """All the items of iterable `v`, consuming it if it is an iterator."""
-    if (own := own_dunder(v, "__iter__")) is not None:
+    if (own := python_special(frame, v, "__iter__", objects=False)) is not None:
         return unpack_iterable(frame, call(frame, own, [], {}))
     if isinstance(v, (ListVariable, TupleVariable, SetVariable)):
         return list(v.items)
@@ -1734,21 +1747,6 @@ def _construct_module(frame, cls, args, kwargs):
         raise Unsupported(f"creating module {cls.__qualname__} (with parameters or buffers) inside compiled code")
     frame.og.guards.const(module, "MADE")  # owned by the entry (its guards hold what they check weakly)
     return frame.og.wrap(module, ConstSource(module))
-
-
-_BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)
-
-
-def own_dunder(v, name):
-    """A container Variable of a subclass whose class defines `name` in Python (Counter.__missing__, a
-    list subclass's __getitem__): that method, bound to `v`; else None."""
-    if not isinstance(v, (ListVariable, DictVariable, SetVariable, TupleVariable)) or isinstance(v, DataDictVariable):
-        return None  # (a ModelOutput is modelled as a whole)
-    cls = v.python_type()
-    if cls in _BUILTIN_CONTAINER_TYPES or not issubclass(cls, (list, dict, set, tuple)) or \
-            not _python_dunder(cls, name):
-        return None
-    return MethodVariable(inspect.getattr_static(cls, name), v)
 
 
 def _is_model_output(cls):

@@ -13,8 +13,8 @@ import torch
 from kiln.capture.objects import (BUILTIN_HANDLERS, CONTAINER_METHODS, apply_operator, call, call_method,
                                   const_value, delattr_var, describe, dict_key, fold_natively, get_iter, get_reversed,
                                   getattr_var, getitem, is_same, iter_next, key_var, make_tuple, mapping_items,
-                                  model_of, new_set, own_dunder, python_dunder, set_add, set_key, set_update,
-                                  setattr_var, setitem, special_method, truth, unpack_iterable)
+                                  model_of, new_set, python_dunder, python_special, set_add, set_key, set_update,
+                                  setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
                                     EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable,
                                     FunctionVariable, GeneratorVariable, IteratorVariable,
@@ -267,11 +267,9 @@ def builtin_len(frame, args, kwargs):
         raise Unsupported(msg, python_exception=TypeError(msg))
     if (model := model_of(v)) is not None:
         return model.call_method(frame, v, "__len__", [], {})
-    if (own := own_dunder(v, "__len__")) is not None:
+    if not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS) and \
+            (own := python_special(frame, v, "__len__")) is not None:  # (those: their children, guarded)
         return call(frame, own, [], {})
-    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and python_dunder(v.python_type(), "__len__") and \
-            not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS):  # (those: their children, guarded)
-        return call(frame, special_method(frame, v, "__len__"), [], {})
     return const(len(unpack_iterable(frame, v)))
 
 
