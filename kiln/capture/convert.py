@@ -25,7 +25,7 @@ from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
 from kiln.capture.objects import const_value
-from kiln.capture.resume import live_locals, resume_code
+from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
@@ -435,7 +435,9 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)
         closure = f"(F.__closure__ or ()) + ({cells})" if code.co_freevars else f"({cells})"
-    args = "(" + "".join(a + ", " for a in stack_vals + list(extra) + local_vals) + ")"
+    stack_names, params = parameters(code, stack_nulls, live)
+    values = dict(zip(stack_names, stack_vals + list(extra))) | dict(zip(live, local_vals))
+    args = "(" + "".join(values[p] + ", " for p in params) + ")"
     return (f"return {rcache}({glue.const(types.FunctionType, 'FN')}({glue.const(rcode, 'RCODE')}, "
             f"F.__globals__, {rcode.co_name!r}, None, {closure}), {args})")
 
