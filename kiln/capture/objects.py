@@ -1442,6 +1442,8 @@ def call_python_function(frame, fn, args, kwargs):
     handler = BUILTIN_HANDLERS.get(fn)  # a Python function capture models instead of inlining
     if handler is not None:
         return handler(frame, args, kwargs)
+    if getattr(fn, "_dynamo_marked_constant", False):  # torch._dynamo.assume_constant_result's mark (what
+        return fold_natively(frame.og, fn, args, kwargs)  # transformers' install probes carry): run it, a constant
     mod = getattr(fn, "__module__", None) or ""
     if mod.split(".")[0] in ("logging", "warnings"):
         raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)")

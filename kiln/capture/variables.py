@@ -14,6 +14,7 @@ A small set on purpose:
 Values that came from outside carry a Source; see sources.py.
 """
 import collections
+import re
 import types
 
 import torch
@@ -23,7 +24,7 @@ from kiln.exc import Unsupported
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), type(NotImplemented),
                    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, range, slice,
-                   frozenset, types.CodeType)
+                   frozenset, types.CodeType, re.Pattern, re.Match)
 
 
 def is_constant(value):
