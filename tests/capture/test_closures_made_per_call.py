@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kiln
+from tests.capture.test_side_effects import make_cell_writer
 from tests.utils import CompileCounter, assert_equal_state
 
 
@@ -78,16 +79,6 @@ def test_a_nested_function_called_after_a_graph_break_in_its_maker():
     assert counter.frame_count == 1  # (was one per call: the resumed frame recompiled each time)
 
 
-def counter_step():
-    n = 0
-
-    def step(y):
-        nonlocal n
-        n += 1
-        return y * n
-    return step
-
-
 def test_a_new_closure_that_writes_its_cell():
     def fn(x, step):
         return step(x) + step(x)
@@ -96,10 +87,9 @@ def test_a_new_closure_that_writes_its_cell():
     counter = CompileCounter()
     compiled = kiln.compile(fn, backend=counter)
     for _ in range(3):
-        eager_step, compiled_step = counter_step(), counter_step()
+        (eager_step, eager_calls), (compiled_step, compiled_calls) = make_cell_writer(), make_cell_writer()
         assert_equal_state(compiled(x, compiled_step), fn(x, eager_step))
-        # the write lands in this call's cell: a third call continues from it in both
-        assert_equal_state(compiled_step(x), eager_step(x))
+        assert compiled_calls() == eager_calls() == 2  # the writes land in this call's cell
     assert counter.frame_count == 1
 
 
