@@ -25,7 +25,6 @@ import struct
 import sys
 import types
 import unicodedata
-import zlib
 
 from kiln.capture import graph_builder, objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
@@ -299,7 +298,7 @@ class BoundBuiltinMethodModel(TypeModel):
 _PURE_FUNCTIONS = (re.compile, re.sub, re.subn, re.match, re.fullmatch, re.search, re.split, re.findall, re.escape,
                    struct.pack, struct.unpack, struct.unpack_from, struct.calcsize, unicodedata.normalize,
                    unicodedata.category, unicodedata.name, unicodedata.lookup, unicodedata.east_asian_width,
-                   binascii.hexlify, binascii.unhexlify, zlib.crc32, zlib.adler32, int.from_bytes, float.fromhex,
+                   binascii.hexlify, binascii.unhexlify, int.from_bytes, float.fromhex,
                    bytes.fromhex, str.maketrans, bytes.maketrans)
 
 
