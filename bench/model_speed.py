@@ -1,12 +1,15 @@
-"""Speed of the Hugging Face model zoo (bench/zoo.py): eager vs kiln vs torch.compile.
+"""Speed of real models: eager vs kiln vs torch.compile, one markdown row per model.
 
-    python -m bench.hf_speed [NAME ...] [--scale 2] [--length 64] [--batch 2] [--threads 1] [--calls 15]
+    python -m bench.model_speed [NAME ...] [--suite hf|vision] [--scale 2] [--length 64] [--batch 2]
+                                [--threads 1] [--calls 15] [--options freezing=1]
 
-Per architecture, in one process: the model from its small random config (hidden 64 * scale, 2 layers,
-eval, fp32), compiled by kiln and by torch.compile (default options, no fullgraph), outputs checked
-against eager, then calls timed interleaved (the starting compiler rotating each round) with this
-thread's CPU time. Prints one markdown row per model (median ms, speedups over eager, kiln vs torch)
-and the geomean over the models where every compiler ran and matched eager.
+--suite hf (default): the Hugging Face zoo (bench/zoo.py) from small random configs (hidden 64 * scale,
+2 layers, `--length` tokens); --suite vision: bench/vision_models.py (`--length` is the image side,
+224 unless given). Eval, fp32. Per model, in one process: compiled by kiln and by torch.compile (default
+options, or freezing for both with --options freezing=1), outputs checked against eager, then calls
+timed interleaved (the starting compiler rotating each round) with this thread's CPU time. Prints median
+ms, speedups over eager, kiln vs torch, and the geomean over the models where every compiler ran and kiln
+matched eager.
 """
 import argparse
 import math
@@ -17,17 +20,18 @@ import traceback
 
 import torch
 
-from bench.profile_model import interleaved
-from bench.zoo import ARCHS, BY_NAME, output_tensors
+from bench.profile_model import build_model, interleaved
+from bench.zoo import ARCHS, output_tensors
 
 TOL = 1e-3
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m bench.hf_speed", description=__doc__.splitlines()[0])
-    p.add_argument("names", nargs="*", help="zoo architectures (default: every text model)")
-    p.add_argument("--scale", type=int, default=2, help="hidden size = 64 * scale")
-    p.add_argument("--length", type=int, default=64)
+    p = argparse.ArgumentParser(prog="python -m bench.model_speed", description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", help="models of the suite (default: all; the hf suite's text models)")
+    p.add_argument("--suite", choices=("hf", "vision"), default="hf")
+    p.add_argument("--scale", type=int, default=2, help="hf: hidden size = 64 * scale")
+    p.add_argument("--length", type=int, default=None, help="tokens (hf, default 64) or image side (vision, 224)")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=15)
@@ -51,25 +55,30 @@ def _max_diff(actual, expected):
     return max(((x - y).abs().max() / (y.abs().max() + 1)).item() for x, y in zip(a, e))
 
 
-def measure(arch, args):
+def measure(name, args):
     import kiln
+    import torch._inductor.config as inductor_config
     kiln.reset()
     torch._dynamo.reset()
-    model = arch.build(args.scale)
-    kwargs = arch.inputs(args.length, args.batch)
-    row = {"name": arch.name}
+    options = _options(args.options)
+    inductor_config.freezing = bool(options.get("freezing"))
+    args.size, args.train = args.length, False
+    model, (pos, kwargs) = build_model(name if args.suite == "vision" else "hf:" + name, args)
+    model.eval()
+    row = {"name": name}
     with torch.no_grad():
-        expected = model(**kwargs)
-        compiled = {"kiln": kiln.compile(model, options=_options(args.options))}
-        if not args.no_torch:
+        expected = model(*pos, **kwargs)
+        compiled = {}
+        if not args.no_torch:  # first: torch.compile edits the model's class, which makes kiln recompile
             compiled["torch"] = torch.compile(model)
-        calls = {"eager": lambda: model(**kwargs)}
+        compiled["kiln"] = kiln.compile(model, options=options)
+        calls = {"eager": lambda: model(*pos, **kwargs)}
         for name, fn in compiled.items():
             begin = time.perf_counter()
-            out = fn(**kwargs)
+            out = fn(*pos, **kwargs)
             row[name + "_compile_s"] = time.perf_counter() - begin
             row[name + "_diff"] = _max_diff(out, expected)
-            calls[name] = (lambda f: lambda: f(**kwargs))(fn)
+            calls[name] = (lambda f: lambda: f(*pos, **kwargs))(fn)
         for c in calls.values():
             c()
         samples = interleaved(calls, args.calls)
@@ -98,20 +107,30 @@ def geomean(xs):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    archs = [BY_NAME[n] for n in args.names] if args.names else [a for a in ARCHS if a.kind != "vision"]
+    if args.length is None:
+        args.length = 64 if args.suite == "hf" else 224
+    if args.names:
+        names = args.names
+    elif args.suite == "hf":
+        names = [a.name for a in ARCHS if a.kind != "vision"]
+    else:
+        from bench.vision_models import MODELS
+        names = list(MODELS)
     head = ["model", "eager ms", "kiln ms"] + ([] if args.no_torch else ["torch ms"]) + ["kiln speedup"]
     head += [] if args.no_torch else ["torch speedup", "kiln vs torch"]
     head.append("kiln max diff")
-    print(f"hidden {64 * args.scale}, 2 layers, batch {args.batch}, length {args.length}, "
-          f"{args.threads} thread(s), eval, fp32, kiln options {_options(args.options)}")
+    shape = (f"hidden {64 * args.scale}, 2 layers, length {args.length}" if args.suite == "hf"
+             else f"images 3x{args.length}x{args.length}")
+    print(f"{args.suite}: {shape}, batch {args.batch}, {args.threads} thread(s), eval, fp32, "
+          f"kiln options {_options(args.options)}")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head), flush=True)
     rows = []
-    for arch in archs:
+    for name in names:
         try:
-            r = measure(arch, args)
+            r = measure(name, args)
         except Exception as e:  # a model that fails is a row saying so, not the end of the run
             traceback.print_exc(file=sys.stderr)
-            print(f"| {arch.name} | failed: {type(e).__name__}: {str(e)[:80]} |", flush=True)
+            print(f"| {name} | failed: {type(e).__name__}: {str(e)[:80]} |", flush=True)
             continue
         rows.append(r)
         print(_fmt_row(r), flush=True)
