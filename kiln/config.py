@@ -19,9 +19,10 @@ class Option:
     """A setting: its default, what it does, and the values it accepts."""
     default: object
     doc: str
-    kind: type = bool            # bool, int, or os.PathLike (a str or path)
+    kind: type = bool            # bool, int, os.PathLike (a str or path) or dict (str -> one of `choices`)
     minimum: int | None = None   # ints: the smallest value accepted
     also: tuple = ()             # other values accepted besides those of `kind` (None, -1)
+    choices: tuple = ()          # dicts: the values accepted
 
     def accepts(self, value):
         if any(value is v or type(value) is type(v) and value == v for v in self.also):
@@ -30,6 +31,9 @@ class Option:
             return type(value) is bool
         if self.kind is int:
             return type(value) is int and (self.minimum is None or value >= self.minimum)
+        if self.kind is dict:
+            value = dict(value) if isinstance(value, tuple) else value  # (the form compiler_options holds)
+            return isinstance(value, dict) and all(isinstance(k, str) and v in self.choices for k, v in value.items())
         return isinstance(value, (str, os.PathLike))
 
     def expected(self):
@@ -37,6 +41,8 @@ class Option:
             text = "True or False"
         elif self.kind is int:
             text = "an int" + (f" >= {self.minimum}" if self.minimum is not None else "")
+        elif self.kind is dict:
+            text = "a dict from device type (str) to one of " + ", ".join(map(repr, self.choices))
         else:
             text = "a path (str or os.PathLike)"
         return text + "".join(f" or {v!r}" for v in self.also)
@@ -136,6 +142,10 @@ COMPILER_OPTIONS = {
                           minimum=1, also=(-1,)),
     "cpp.simdlen": Option(None, "SIMD width hint for generated loops", int, minimum=1, also=(None,)),
     "cpp.min_parallel_work": Option(32768, "elements below which a kernel runs single-threaded", int, minimum=0),
+    "device_backend": Option((), "which kernel backend compiles each device type's kernels, over the default "
+                                 "{'cpu': 'cpp', 'cuda': 'triton'}; {'cpu': 'triton'} sends CPU graphs through Triton "
+                                 "(its interpreter, TRITON_INTERPRET=1: tests); a device without a backend runs through "
+                                 "aten", dict, choices=("cpp", "triton")),
     "triton.cudagraphs": Option(False, "capture GPU graphs with CUDA graphs"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
     "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder"),
@@ -169,6 +179,9 @@ def compiler_options(mode=None, options=None):
     resolved["debug_bounds_checks"] = bounds_checks_default()
     resolved.update(MODE_OPTIONS[mode or "default"])
     resolved.update(options or {})
+    for name, option in COMPILER_OPTIONS.items():  # held as sorted pairs: options key caches, so hashable
+        if option.kind is dict and isinstance(resolved[name], dict):
+            resolved[name] = tuple(sorted(resolved[name].items()))
     return resolved
 
 
