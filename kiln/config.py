@@ -145,7 +145,7 @@ COMPILER_OPTIONS = {
     "device_backend": Option((), "which kernel backend compiles each device type's kernels, over the default "
                                  "{'cpu': 'cpp', 'cuda': 'triton'}; {'cpu': 'triton'} sends CPU graphs through Triton "
                                  "(its interpreter, TRITON_INTERPRET=1: tests); a device without a backend runs through "
-                                 "aten", dict, choices=("cpp", "triton")),
+                                 "aten. Default from KILN_DEVICE_BACKEND=cpu:triton", dict, choices=("cpp", "triton")),
     "triton.cudagraphs": Option(False, "capture GPU graphs with CUDA graphs"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
     "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder"),
@@ -173,10 +173,21 @@ def bounds_checks_default():
     return os.environ.get("KILN_BOUNDS_CHECK", "") not in ("", "0")
 
 
+def device_backend_default():
+    """device_backend when no option sets it: KILN_DEVICE_BACKEND=cpu:triton[,cuda:triton] in the
+    environment (how a whole test run sends CPU graphs through Triton's interpreter)."""
+    text = os.environ.get("KILN_DEVICE_BACKEND", "")
+    pairs = [item.split(":", 1) for item in text.split(",") if item.strip()]
+    mapping = {device.strip(): backend.strip() for device, backend in pairs}
+    check_value(COMPILER_OPTIONS, "KILN_DEVICE_BACKEND", "device_backend", mapping)
+    return tuple(sorted(mapping.items()))
+
+
 def compiler_options(mode=None, options=None):
     """The full option dict for one compile: defaults, then the mode's, then the user's."""
     resolved = {name: option.default for name, option in COMPILER_OPTIONS.items()}
     resolved["debug_bounds_checks"] = bounds_checks_default()
+    resolved["device_backend"] = device_backend_default()
     resolved.update(MODE_OPTIONS[mode or "default"])
     resolved.update(options or {})
     for name, option in COMPILER_OPTIONS.items():  # held as sorted pairs: options key caches, so hashable

@@ -1,0 +1,253 @@
+"""Triton source for scheduled kernels: one @triton.jit function per kernel.
+
+A kernel runs over blocks of [XBLOCK, RBLOCK] points: each program takes XBLOCK outer points (the
+flat outer index split into the kernel's loop variables x0, x1, ...) and walks the reduction extent
+RBLOCK at a time (r0, r1, ...). Its stages (schedule.kernel_stages) run in order per block of outer
+points:
+- a pointwise kernel is one stage over [XBLOCK, 1];
+- a reduction whose row fits one block (static, at most PERSISTENT_RBLOCK) is *persistent*: each
+  stage is one pass over the whole row, and every value, reductions included, stays in registers
+  for later stages (softmax, layer norm: one read of the input);
+- a longer or symbolic row loops over it per stage; reductions accumulate [XBLOCK, RBLOCK]
+  partials, reduced along the block at the end of the loop; a value a later stage reads again
+  goes through memory (its storage is planned as a tensor: triton_backend.plan_storage).
+Sizes the kernel needs (symbolic sizes included) are arguments, so one kernel serves every size.
+"""
+import dataclasses
+import re
+
+import sympy
+import torch
+
+from kiln.compiler import ir
+from kiln.compiler.codegen.backend import BackendUnsupported
+from kiln.compiler.codegen.triton_libm import interpreting
+from kiln.compiler.codegen.triton_exprs import (BLOCK_SHAPES, REDUCTIONS, TL_TYPES, TritonPrinter, compute_dtype,
+                                                reduction_identity, round_to_half,
+                                                tindex, tl_type)
+from kiln.compiler.loop_nodes import loop_var
+from kiln.compiler.schedule import kernel_stages
+
+PERSISTENT_RBLOCK = 1024   # rows up to this long are reduced in one block, values kept in registers
+LOOPED_RBLOCK = 512        # longer rows: this many elements of a row per step
+MAX_BLOCK_ELEMENTS = 4096  # XBLOCK * RBLOCK of a reduction kernel
+POINTWISE_XBLOCK = 1024
+INT32_LIMIT = 2**31 - 1
+
+
+def next_power_of_2(n):
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def persistent(kernel):
+    """Whether the kernel's rows fit one block (see the module doc)."""
+    return kernel.rnumel.is_number and int(kernel.rnumel) <= PERSISTENT_RBLOCK
+
+
+@dataclasses.dataclass
+class TritonKernel:
+    """One generated kernel: its name, the buffers it takes (in argument order), the size symbols
+    after them, and its launch configuration."""
+    name: str
+    kernels: list            # [the schedule.Kernel] (an entry of one kernel)
+    args: list
+    sizes: list
+    numel: sympy.Expr
+    rnumel: sympy.Expr
+    xblock: int
+    rblock: int
+    num_warps: int
+    source: str = ""
+    uses_workspace: bool = False
+
+
+def block_sizes(kernel, reduces):
+    """(XBLOCK, RBLOCK, num_warps) from the sizes: static sizes pick blocks that fit them."""
+    numel = int(kernel.numel) if kernel.numel.is_number else None
+    if not reduces:
+        xblock = min(POINTWISE_XBLOCK, next_power_of_2(numel)) if numel is not None else POINTWISE_XBLOCK
+        return xblock, 1, max(1, min(8, xblock // 128))
+    rblock = next_power_of_2(int(kernel.rnumel)) if persistent(kernel) else LOOPED_RBLOCK
+    xblock = max(1, MAX_BLOCK_ELEMENTS // rblock) if rblock < 64 else max(1, min(8, MAX_BLOCK_ELEMENTS // rblock))
+    if numel is not None:
+        xblock = min(xblock, next_power_of_2(numel))
+    warps = max(1, min(8, xblock * rblock // 256))
+    return xblock, rblock, 1 << (warps.bit_length() - 1)
+
+
+class TritonKernelWriter:
+    def __init__(self, kernel, program, symbols):
+        self.kernel, self.program = kernel, program
+        self.storage = program.storage
+        self.symbols = symbols
+
+    def write(self):
+        k = self.kernel
+        if any(n.sequential is not None for n in k.nodes):
+            raise BackendUnsupported("a scan or scatter (sequential loops) in Triton")
+        outer, inner = k.dims()
+        if outer is None:
+            raise BackendUnsupported(f"{k.name}'s nodes do not nest")
+        self.maps = {n.name: k.var_map(n, outer, inner) for n in k.nodes}
+        self.reduces = k.rnumel != 1 or any(n.is_reduction for n in k.nodes)
+        self.persistent = self.reduces and persistent(k)
+        xblock, rblock, warps = block_sizes(k, self.reduces)
+        body = []
+        self.locals = {}
+        self.index_type = "tl.int64" if self.needs_int64() else "tl.int32"
+        body.append(f"    xindex = tl.program_id(0).to({self.index_type}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        body.append("    xmask = xindex < xnumel")
+        body += self.split_index("xindex", "x", outer)
+        body.append(f"    rbase = tl.arange(0, RBLOCK)[None, :].to({self.index_type})")
+        stages = kernel_stages(k)
+        for s, stage in enumerate(stages):
+            if s and not self.persistent and self.reads_earlier_stage(stages[:s], stage):
+                body.append("    tl.debug_barrier()  # values earlier stages stored, read back")
+            if not self.reduces or (k.role(stage[0]) == "outer"):
+                printer = TritonPrinter(body, 1, f"t{s}_", "xmask", self.locals)
+                for node in stage:
+                    printer.mapping = self.maps[node.name]
+                    self.finish(node, printer.expr(node.body), printer, "xmask")
+            else:
+                self.write_reduction_stage(s, stage, inner, body)
+        args = self.arguments()
+        used = [sym for sym in self.symbols if sym.name in _names("\n".join(body))]
+        if any(not sym.is_integer for sym in used):
+            raise BackendUnsupported("a float computed from sizes (Triton would take it as float32)")
+        sizes = [sym.name for sym in used]
+        # under the interpreter the loop bound is a constant: it holds a scalar argument as a 1-element
+        # array, which NumPy >= 2.4 refuses to turn into the int `range` needs (compiled: an argument)
+        rnumel = "rnumel: tl.constexpr" if interpreting() else "rnumel"
+        params = args + sizes + ["xnumel", rnumel, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+        source = "\n".join(["@triton.jit", f"def {k.name}({', '.join(params)}):"] + body) + "\n"
+        return TritonKernel(k.name, [k], args, sizes, k.numel, k.rnumel, xblock, rblock, warps, source)
+
+    def needs_int64(self):
+        """Whether an index may pass int32: symbolic sizes, or a buffer or loop that large."""
+        extents = [self.kernel.numel * self.kernel.rnumel]
+        for name in self.touched():
+            layout = self.program.buffers[name].layout
+            extents.append(layout.offset + sum(((s - 1) * st for s, st in zip(layout.sizes, layout.strides)),
+                                               sympy.Integer(1)))
+        return any(not e.is_number or int(e) >= INT32_LIMIT for e in map(sympy.sympify, extents))
+
+    @staticmethod
+    def split_index(flat, prefix, sizes):
+        """Lines binding the loop variables of `sizes` (outermost first) from the flat index."""
+        lines, stride = [], sympy.Integer(1)
+        for k in reversed(range(len(sizes))):
+            part = flat if stride == 1 else f"({flat} // {tindex(stride)})"
+            code = part if k == 0 else f"{part} % {tindex(sympy.sympify(sizes[k]))}"
+            lines.append(f"    {loop_var(prefix, k)} = {code}")
+            stride = stride * sizes[k]
+        return lines
+
+    def reads_earlier_stage(self, earlier, stage):
+        written = {n.name for st in earlier for n in st if self.storage[n.name] not in ("local", "row")}
+        return any(n.reads & written for n in stage)
+
+    def write_reduction_stage(self, s, stage, inner, body):
+        k = self.kernel
+        reductions = [n for n in stage if n.is_reduction]
+        accs = {}
+        pad = "    "
+        for n in reductions:
+            dtype = self.acc_dtype(n)
+            accs[n.name] = (f"acc_{n.name}", dtype)
+            if not self.persistent:
+                init = reduction_identity(n.reduction_type, dtype)
+                body.append(f"{pad}acc_{n.name} = tl.full([XBLOCK, RBLOCK], {init}, {TL_TYPES[dtype]})")
+        loop = []
+        if self.persistent:
+            loop_indent = 1
+            loop.append(f"{pad}rindex = rbase")
+        else:
+            loop_indent = 2
+            body.append(f"{pad}for roffset in tl.range(0, rnumel, RBLOCK):")
+            loop.append(f"{pad * 2}rindex = roffset + rbase")
+        ipad = pad * loop_indent
+        loop.append(f"{ipad}rmask = rindex < rnumel")
+        loop += [pad * (loop_indent - 1) + line for line in self.split_index("rindex", "r", inner)]
+        loop.append(f"{ipad}mask = xmask & rmask")
+        printer = TritonPrinter(loop, loop_indent, f"t{s}_", "mask", self.locals)
+        for node in stage:
+            printer.mapping = self.maps[node.name]
+            value = printer.expr(node.body)
+            if not node.is_reduction:
+                self.finish(node, value, printer, "mask")
+                continue
+            acc, dtype = accs[node.name]
+            init = reduction_identity(node.reduction_type, dtype)
+            masked = (f"tl.where(mask, tl.broadcast_to({value}, [XBLOCK, RBLOCK]).to({TL_TYPES[dtype]}), "
+                      f"tl.full([], {init}, {TL_TYPES[dtype]}))")
+            if self.persistent:
+                loop.append(f"{ipad}{acc} = {masked}")
+            else:
+                combine = self.combine(node.reduction_type, dtype)
+                loop.append(f"{ipad}{acc} = {combine.format(acc=acc, v=masked)}")
+        body += loop
+        if not self.persistent:
+            for node in stage:
+                if not node.is_reduction:
+                    self.locals.pop(node.name, None)  # out of scope after the loop
+        outer_printer = TritonPrinter(body, 1, f"u{s}_", "xmask", self.locals)
+        for node in reductions:
+            acc, dtype = accs[node.name]
+            reduced = self.final(node.reduction_type, dtype).format(acc=acc)
+            result = f"{reduced}[:, None]"
+            if node.layout.dtype in ir.HALF_DTYPES:
+                result = round_to_half(f"{result}.to(tl.float32)", node.layout.dtype)
+            else:
+                result += f".to({tl_type(node.layout.dtype)})"
+            var = outer_printer.temp(("reduced", node.name), result)
+            outer_printer.mapping = self.maps[node.name]
+            self.finish(node, var, outer_printer, "xmask")
+
+    @staticmethod
+    def acc_dtype(node):
+        dtype = compute_dtype(node.body.dtype)
+        return torch.bool if node.reduction_type in ("any", "all") else dtype
+
+    @staticmethod
+    def combine(kind, dtype):
+        if kind in ("max", "min") and not dtype.is_floating_point:
+            return "tl.maximum({acc}, {v})" if kind == "max" else "tl.minimum({acc}, {v})"
+        return REDUCTIONS[kind][2]
+
+    @staticmethod
+    def final(kind, dtype):
+        if kind in ("max", "min") and not dtype.is_floating_point:
+            if dtype == torch.bool:
+                return f"(tl.{kind}({{acc}}.to(tl.int8), 1) != 0)"
+            return f"tl.{kind}({{acc}}, 1)"
+        return REDUCTIONS[kind][3]
+
+    def finish(self, node, value, printer, mask):
+        """Keep `node`'s value for later readers in the kernel, and store it unless it stays in registers."""
+        self.locals[node.name] = value
+        storage = self.storage[node.name]
+        if storage == "local" or (storage == "row" and self.persistent):
+            return
+        dtype = node.layout.dtype
+        store = printer.index(node.store_index)
+        printer.lines.append("    " * printer.indent + f"tl.store({node.name} + ({store} + tl.zeros({BLOCK_SHAPES[mask]}, tl.int32)), "
+                             f"tl.broadcast_to({value}, {BLOCK_SHAPES[mask]}).to({TL_TYPES[dtype]}), {mask})")
+
+    def touched(self):
+        names = set()
+        for n in self.kernel.nodes:
+            names |= n.reads
+            names.add(n.name)
+        return [name for name in sorted(names, key=lambda s: (len(s), s))
+                if self.storage.get(name) not in ("local",) and not (self.storage.get(name) == "row" and self.persistent)]
+
+    def arguments(self):
+        for name in self.touched():
+            device = self.program.buffers[name].layout.device
+            if device.type not in ("cuda", "cpu"):
+                raise AssertionError(f"{self.kernel.name} would touch {name} on device {device}")
+        return self.touched()
+
+
+def _names(text):
+    return set(re.findall(r"\b[a-z]+\d+\b", text))
