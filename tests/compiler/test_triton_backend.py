@@ -6,6 +6,8 @@ no backend runs through aten. The Triton backend runs here under Triton's interp
 (TRITON_INTERPRET=1), on CPU tensors sent to it with device_backend={"cpu": "triton"}; eager is
 the oracle, and each test checks the graph really ran as Triton kernels (no whole-graph fallback).
 """
+import contextlib
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -97,12 +99,28 @@ def interpreter():
         pytest.skip("CPU tensors reach Triton kernels only under its interpreter (TRITON_INTERPRET=1)")
 
 
+@contextlib.contextmanager
+def no_whole_graph_fallback():
+    """Fails if a graph compiled inside runs through aten as a whole (a kernel Triton could not emit)."""
+    import kiln.compiler as compiler
+    original = compiler._run_through_aten
+
+    def refuse(gm):
+        raise AssertionError("the graph ran through aten, not Triton kernels")
+    compiler._run_through_aten = refuse
+    try:
+        yield
+    finally:
+        compiler._run_through_aten = original
+
+
 def run_triton(fn, *args, dynamic=False, atol=None, rtol=None):
     """Compile `fn` with its CPU graphs sent to Triton; check against eager and that kernels ran."""
     kiln.reset()
     expected = fn(*[a.clone() for a in args])
     compiled = kiln.compile(fn, options=TRITON, dynamic=dynamic, fullgraph=True)
-    got = compiled(*args)
+    with no_whole_graph_fallback():
+        got = compiled(*args)
     torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True)
     return got
 
@@ -164,7 +182,8 @@ def test_symbolic_sizes_are_kernel_arguments(interpreter):
     compiled = kiln.compile(fn, options=TRITON, dynamic=True)
     for rows, cols in ((3, 40), (5, 77), (2, 1500)):
         x = torch.randn(rows, cols)
-        torch.testing.assert_close(compiled(x), fn(x))
+        with no_whole_graph_fallback():
+            torch.testing.assert_close(compiled(x), fn(x))
 
 
 def test_what_triton_cannot_emit_runs_through_aten(interpreter):
@@ -183,6 +202,17 @@ def test_mutated_input_and_extern_between_kernels(interpreter):
     x_eager = x.clone()
     expected = fn(x_eager, w)
     kiln.reset()
-    got = kiln.compile(fn, options=TRITON)(x, w)
+    with no_whole_graph_fallback():
+        got = kiln.compile(fn, options=TRITON)(x, w)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(x, x_eager)
+
+
+def test_indirect_indexing_gathers_and_checks_its_indices(interpreter):
+    table, x = torch.randn(10, 6), torch.randn(4, 10)
+    idx = torch.tensor([[1, 9, -1], [0, 3, 3]])
+    fn = lambda t, x, i: (torch.nn.functional.embedding(i.clamp(min=0), t) * 2,  # noqa: E731
+                          torch.gather(x, 1, i.abs().repeat(2, 1)), t[i] + 1)
+    run_triton(fn, table, x, idx)
+    with pytest.raises(IndexError, match="out of bounds"):
+        kiln.compile(lambda t, i: t[i] * 2, options=TRITON)(table, torch.tensor([2, 10]))

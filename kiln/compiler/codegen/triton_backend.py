@@ -57,16 +57,22 @@ class TritonBackend(KernelBackend):
 
 def launch(src, fn, entry):
     """The wrapper's line launching one kernel over cdiv(numel, XBLOCK) programs."""
-    from kiln.compiler.wrapper import pyexpr
+    from kiln.compiler.wrapper import pyexpr, raise_failed_check
     numel, rnumel = sympy.sympify(entry.numel), sympy.sympify(entry.rnumel)
     if numel == 0:
         return
     grid = pyexpr(sympy.ceiling(numel / entry.xblock)) if numel.is_number else \
         f"(({pyexpr(numel)}) + {entry.xblock - 1}) // {entry.xblock}"
-    args = entry.args + entry.sizes + [pyexpr(numel), pyexpr(rnumel)]
+    args = ["err"] * bool(entry.checks) + entry.args + entry.sizes + [pyexpr(numel), pyexpr(rnumel)]
     call = (f"{src.constant(fn, 'triton_')}[({grid},)]({', '.join(args)}, XBLOCK={entry.xblock}, "
             f"RBLOCK={entry.rblock}, num_warps={entry.num_warps})")
+    if entry.checks:  # a failed index check stores (code, -, bound) here
+        device = src.constant(entry.device, "device")
+        src.line(f"err = torch.zeros(3, dtype=torch.int64, device={device})")
     src.line(call if numel.is_number else f"if {pyexpr(numel)} > 0: {call}")
+    if entry.checks:
+        src.line("err = err.tolist()")
+        raise_failed_check(src, entry.checks)
 
 
 def load_module(source):

@@ -85,8 +85,9 @@ class TritonPrinter:
     """Prints Exprs into `lines` as temporaries, sharing equal subexpressions. `mask`: the Triton
     mask of the points this code runs at (loads outside it read 0)."""
 
-    def __init__(self, lines, indent, prefix, mask, locals_):
+    def __init__(self, lines, indent, prefix, mask, locals_, index_site=None):
         self.lines, self.indent, self.prefix, self.mask = lines, indent, prefix, mask
+        self.index_site = index_site  # what -> the code of a check site (codegen/cpp_memory.Checks)
         self.locals = locals_      # buffer name -> variable holding its value at this point
         self.mapping = {}          # node loop var -> kernel loop expression
         self.memo, self.cse = {}, {}
@@ -137,9 +138,27 @@ class TritonPrinter:
                 code += ".to(tl.float32)"
             return self.temp(("load", code), code)
         if e.op == "check_index":
-            raise BackendUnsupported("an index read from a tensor (its range check is C++ only)")
+            return self.checked_index(e)
         args = [self.expr(a) for a in e.args]
         return self.temp((e.op, tuple(args), e.dtype), op_code(e, args))
+
+
+    def checked_index(self, e):
+        """An index read from a tensor, 0 where it is out of range; a point that is out of range
+        stores its check site's code and the bound in `kiln_err` (the wrapper raises as eager)."""
+        value, bound, what, wraps = e.args
+        v, b = self.expr(value), self.index(bound.args[0])
+        key = ("check_index", v, b, wraps)
+        if key not in self.cse:
+            w = self.temp(key + ("wrapped",), f"tl.where({v} < 0, {v} + {b}, {v})") if wraps else v
+            bad = self.temp(key + ("bad",), f"(({w} < 0) | ({w} >= {b})) & {self.mask}")
+            pad = "    " * self.indent
+            code = self.index_site(what)
+            self.lines.append(f"{pad}tl.store(kiln_err + {bad}.to(tl.int32) * 0, {bad}.to(tl.int64) * 0 + {code}, {bad})")
+            self.lines.append(f"{pad}tl.store(kiln_err + 2 + {bad}.to(tl.int32) * 0, {bad}.to(tl.int64) * 0 + {b}, "
+                              f"{bad})")
+            self.temp(key, f"tl.where({bad}, 0, {w})")
+        return self.cse[key]
 
 
 def op_code(e, args):

@@ -21,6 +21,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.codegen.backend import BackendUnsupported
+from kiln.compiler.codegen.cpp_memory import Checks, KernelIndexError
 from kiln.compiler.codegen.triton_libm import interpreting
 from kiln.compiler.codegen.triton_exprs import (BLOCK_SHAPES, REDUCTIONS, TL_TYPES, TritonPrinter, compute_dtype,
                                                 reduction_identity, round_to_half,
@@ -59,6 +60,8 @@ class TritonKernel:
     num_warps: int
     source: str = ""
     uses_workspace: bool = False
+    checks: list = dataclasses.field(default_factory=list)  # CheckSites: takes `kiln_err` (int64[3]) first
+    device: object = None    # where its buffers are
 
 
 def block_sizes(kernel, reduces):
@@ -80,6 +83,14 @@ class TritonKernelWriter:
         self.kernel, self.program = kernel, program
         self.storage = program.storage
         self.symbols = symbols
+        self.checks = Checks()
+
+    def index_site(self, what):
+        return self.checks.site(KernelIndexError, f"an index is out of bounds for {what} with size {{bound}} "
+                                                  f"(kiln kernel {self.kernel.name})")
+
+    def printer(self, lines, indent, prefix, mask):
+        return TritonPrinter(lines, indent, prefix, mask, self.locals, self.index_site)
 
     def write(self):
         k = self.kernel
@@ -104,7 +115,7 @@ class TritonKernelWriter:
             if s and not self.persistent and self.reads_earlier_stage(stages[:s], stage):
                 body.append("    tl.debug_barrier()  # values earlier stages stored, read back")
             if not self.reduces or (k.role(stage[0]) == "outer"):
-                printer = TritonPrinter(body, 1, f"t{s}_", "xmask", self.locals)
+                printer = self.printer(body, 1, f"t{s}_", "xmask")
                 for node in stage:
                     printer.mapping = self.maps[node.name]
                     self.finish(node, printer.expr(node.body), printer, "xmask")
@@ -118,9 +129,10 @@ class TritonKernelWriter:
         # under the interpreter the loop bound is a constant: it holds a scalar argument as a 1-element
         # array, which NumPy >= 2.4 refuses to turn into the int `range` needs (compiled: an argument)
         rnumel = "rnumel: tl.constexpr" if interpreting() else "rnumel"
-        params = args + sizes + ["xnumel", rnumel, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+        params = ["kiln_err"] * bool(self.checks.sites) + args + sizes + ["xnumel", rnumel, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
         source = "\n".join(["@triton.jit", f"def {k.name}({', '.join(params)}):"] + body) + "\n"
-        return TritonKernel(k.name, [k], args, sizes, k.numel, k.rnumel, xblock, rblock, warps, source)
+        return TritonKernel(k.name, [k], args, sizes, k.numel, k.rnumel, xblock, rblock, warps, source,
+                            checks=self.checks.sites, device=k.nodes[0].layout.device)
 
     def needs_int64(self):
         """Whether an index may pass int32: symbolic sizes, or a buffer or loop that large."""
@@ -169,7 +181,7 @@ class TritonKernelWriter:
         loop.append(f"{ipad}rmask = rindex < rnumel")
         loop += [pad * (loop_indent - 1) + line for line in self.split_index("rindex", "r", inner)]
         loop.append(f"{ipad}mask = xmask & rmask")
-        printer = TritonPrinter(loop, loop_indent, f"t{s}_", "mask", self.locals)
+        printer = self.printer(loop, loop_indent, f"t{s}_", "mask")
         for node in stage:
             printer.mapping = self.maps[node.name]
             value = printer.expr(node.body)
@@ -190,7 +202,7 @@ class TritonKernelWriter:
             for node in stage:
                 if not node.is_reduction:
                     self.locals.pop(node.name, None)  # out of scope after the loop
-        outer_printer = TritonPrinter(body, 1, f"u{s}_", "xmask", self.locals)
+        outer_printer = self.printer(body, 1, f"u{s}_", "xmask")
         for node in reductions:
             acc, dtype = accs[node.name]
             reduced = self.final(node.reduction_type, dtype).format(acc=acc)
