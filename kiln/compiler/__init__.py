@@ -126,6 +126,9 @@ def _compile_to_kernels(aten_gm, example_inputs, options, fx_gm, inference):
     source = "\n".join(c.source for c in compiled)
     fn, wrapper_source = wrapper.build(program, compiled, memory, len(example_inputs), graph.symbol_sources)
     debug.log_output_code(next((c.library_name for c in compiled if c.library_name), None), source, wrapper_source)
+    if options.get("triton.cudagraphs") and inference:  # mode="reduce-overhead"
+        from kiln.compiler import cudagraphs
+        fn = cudagraphs.wrap(fn, program, compiled, example_inputs)
     if options.get("trace.enabled"):
         folder = debug.write_trace(options, aten_gm=aten_gm, graph=graph, program=program, cpp_source=source,
                                    wrapper_source=wrapper_source, fx_gm=fx_gm)
