@@ -186,11 +186,20 @@ def test_symbolic_sizes_are_kernel_arguments(interpreter):
             torch.testing.assert_close(compiled(x), fn(x))
 
 
+def test_scans_walk_in_order_as_eager(interpreter):
+    x = torch.randn(5, 9, 4)
+    x[1, 3, 2] = float("nan")
+    fn = lambda x: ((x + 1).cumsum(1), x.cumprod(-1), x.cummax(1), x.cummin(0),  # noqa: E731
+                    torch.logcumsumexp(x, 2), x.to(torch.bfloat16).cumsum(1))
+    run_triton(fn, x)
+
+
 def test_what_triton_cannot_emit_runs_through_aten(interpreter):
-    # a scan (cumsum) has no Triton kernel yet: the graph runs through aten, with eager's answer
-    x = torch.randn(5, 9)
-    compiled = compile_fx(torch.fx.symbolic_trace(lambda x: (x + 1).cumsum(-1)), [x], compiler_options(options=TRITON))
-    torch.testing.assert_close(compiled(x), (x + 1).cumsum(-1))
+    # a scatter has no Triton kernel yet: the graph runs through aten, with eager's answer
+    x, i = torch.randn(5, 9), torch.tensor([[0, 2, 1]])
+    fn = lambda x, i: (x + 1).scatter_add(1, i.expand(5, 3), x[:, :3])  # noqa: E731
+    compiled = compile_fx(torch.fx.symbolic_trace(fn), [x, i], compiler_options(options=TRITON))
+    torch.testing.assert_close(compiled(x, i), fn(x, i))
     assert "<whole graph>" in compiled.kiln_fallbacks
 
 

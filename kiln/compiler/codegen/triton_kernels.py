@@ -28,12 +28,30 @@ from kiln.compiler.codegen.triton_exprs import (BLOCK_SHAPES, REDUCTIONS, TL_TYP
                                                 tindex, tl_type)
 from kiln.compiler.loop_nodes import loop_var
 from kiln.compiler.schedule import kernel_stages
+from kiln.compiler.schedule_sequential import ScanPlan
 
 PERSISTENT_RBLOCK = 1024   # rows up to this long are reduced in one block, values kept in registers
 LOOPED_RBLOCK = 512        # longer rows: this many elements of a row per step
 MAX_BLOCK_ELEMENTS = 4096  # XBLOCK * RBLOCK of a reduction kernel
 POINTWISE_XBLOCK = 1024
 INT32_LIMIT = 2**31 - 1
+
+
+# a scan's update of its accumulator `acc` (and position `acc_i`) with value `v` at step r0, as eager
+# (cpp_sequential's rules): cummax/cummin take a NaN or a value at least as large (small)
+_TAKES = "take = (r0 == 0) | (v != v) | ((acc == acc) & (v {} acc))"
+SCAN_UPDATES = {
+    "sum": ["acc = acc + v"],
+    "prod": ["acc = acc * v"],
+    "max": [_TAKES.format(">="), "acc = tl.where(take, v, acc)"],
+    "min": [_TAKES.format("<="), "acc = tl.where(take, v, acc)"],
+    "argmax": [_TAKES.format(">="), "acc = tl.where(take, v, acc)", "acc_i = tl.where(take, r0, acc_i)"],
+    "argmin": [_TAKES.format("<="), "acc = tl.where(take, v, acc)", "acc_i = tl.where(take, r0, acc_i)"],
+    "logsumexp": ["lo = tl.where(acc != acc, acc, tl.minimum(v, acc))",
+                  "hi = tl.where(acc != acc, acc, tl.maximum(v, acc))",
+                  'finite = (lo == lo) & (lo != float("inf")) & (lo != float("-inf"))',
+                  "acc = tl.where((lo != hi) | finite, libm.log1p(tl.exp(lo - hi)) + hi, v)"],
+}
 
 
 def next_power_of_2(n):
@@ -94,13 +112,14 @@ class TritonKernelWriter:
 
     def write(self):
         k = self.kernel
-        if any(n.sequential is not None for n in k.nodes):
-            raise BackendUnsupported("a scan or scatter (sequential loops) in Triton")
+        scan = k.nodes[0].sequential
+        if scan is not None and not isinstance(scan, ScanPlan):
+            raise BackendUnsupported("a scatter in Triton")
         outer, inner = k.dims()
         if outer is None:
             raise BackendUnsupported(f"{k.name}'s nodes do not nest")
         self.maps = {n.name: k.var_map(n, outer, inner) for n in k.nodes}
-        self.reduces = k.rnumel != 1 or any(n.is_reduction for n in k.nodes)
+        self.reduces = scan is None and (k.rnumel != 1 or any(n.is_reduction for n in k.nodes))
         self.persistent = self.reduces and persistent(k)
         xblock, rblock, warps = block_sizes(k, self.reduces)
         body = []
@@ -110,7 +129,9 @@ class TritonKernelWriter:
         body.append("    xmask = xindex < xnumel")
         body += self.split_index("xindex", "x", outer)
         body.append(f"    rbase = tl.arange(0, RBLOCK)[None, :].to({self.index_type})")
-        stages = kernel_stages(k)
+        stages = [] if scan is not None else kernel_stages(k)
+        if scan is not None:
+            self.write_scan(k.nodes[0], body)
         for s, stage in enumerate(stages):
             if s and not self.persistent and self.reads_earlier_stage(stages[:s], stage):
                 body.append("    tl.debug_barrier()  # values earlier stages stored, read back")
@@ -214,6 +235,26 @@ class TritonKernelWriter:
             var = outer_printer.temp(("reduced", node.name), result)
             outer_printer.mapping = self.maps[node.name]
             self.finish(node, var, outer_printer, "xmask")
+
+    def write_scan(self, node, body):
+        """A scan: each program walks the scanned dim in order for its XBLOCK outer points, one
+        accumulator each (eager's order of additions), storing the running value at every step."""
+        plan = node.sequential
+        if plan.scan_type not in SCAN_UPDATES:
+            raise BackendUnsupported(f"a {plan.scan_type} scan in Triton")
+        t = TL_TYPES[plan.acc_dtype]
+        init = {"sum": "0", "prod": "1", "logsumexp": 'float("-inf")'}.get(plan.scan_type, "0")
+        body.append(f"    acc = tl.full([XBLOCK, 1], {init}, {t})")
+        body.append("    acc_i = tl.full([XBLOCK, 1], 0, tl.int64)")
+        body.append("    for r0 in tl.range(0, rnumel):")
+        printer = self.printer(body, 2, "t", "xmask")
+        value = printer.expr(node.body)
+        body.append(f"        v = {value}.to({t})")
+        body += ["        " + line for line in SCAN_UPDATES[plan.scan_type]]
+        result = "acc_i" if plan.scan_type in ("argmax", "argmin") else "acc"
+        if node.layout.dtype in ir.HALF_DTYPES:
+            result = round_to_half(f"{result}.to(tl.float32)", node.layout.dtype)
+        self.finish(node, result, printer, "xmask")
 
     @staticmethod
     def acc_dtype(node):
