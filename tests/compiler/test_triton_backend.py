@@ -160,6 +160,27 @@ def test_reductions_keep_eager_nan_and_dtype_rules(interpreter):
     run_triton(fn, x)
 
 
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_arg_reductions_pick_the_first_and_nan_as_eager(interpreter, looped, monkeypatch):
+    from kiln.compiler.codegen import triton_kernels
+    if looped:  # small blocks: the interpreter's reduce with a combine function is slow on wide ones
+        monkeypatch.setattr(triton_kernels, "PERSISTENT_RBLOCK", 16)
+        monkeypatch.setattr(triton_kernels, "LOOPED_RBLOCK", 16)
+    x = torch.randint(-3, 3, (7, 50)).float()  # many ties
+    x[2, 5] = x[2, 40] = float("nan")
+    x[4] = float("-inf")
+    fn = lambda x: (x.argmax(-1), x.argmin(-1), x.max(0), x.to(torch.int64).argmax(0))  # noqa: E731
+    run_triton(fn, x)
+
+
+def test_max_pool_indices(interpreter):
+    x = torch.randn(2, 3, 9, 9)
+    x[0, 1, 2, 2] = float("nan")
+    x[1, 0, :4, :4] = float("-inf")
+    fn = lambda x: torch.nn.functional.max_pool2d(x, 3, 2, padding=1, return_indices=True)  # noqa: E731
+    run_triton(fn, x)
+
+
 def test_whole_tensor_sum_loops_over_blocks(interpreter):
     run_triton(lambda x: (x.sum(), x.abs().max()), torch.randn(20000), rtol=1e-5, atol=1e-4)
 

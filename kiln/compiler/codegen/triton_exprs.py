@@ -255,6 +255,33 @@ def kiln_round_bf16(x):
 
 
 @triton.jit
+def kiln_argmax_combine(av, ai, bv, bi):
+    # the first largest value, a NaN above all (the first NaN)
+    a_nan = av != av
+    b_nan = bv != bv
+    take_b = (b_nan & (~a_nan | (bi < ai))) | (~a_nan & ~b_nan & ((bv > av) | ((bv == av) & (bi < ai))))
+    return tl.where(take_b, bv, av), tl.where(take_b, bi, ai)
+
+
+@triton.jit
+def kiln_argmin_combine(av, ai, bv, bi):
+    a_nan = av != av
+    b_nan = bv != bv
+    take_b = (b_nan & (~a_nan | (bi < ai))) | (~a_nan & ~b_nan & ((bv < av) | ((bv == av) & (bi < ai))))
+    return tl.where(take_b, bv, av), tl.where(take_b, bi, ai)
+
+
+@triton.jit
+def kiln_window_argmax_combine(av, ai, bv, bi):
+    # max pooling's: the first value above -inf that no earlier one reaches, or the last NaN; -1 for none
+    a_nan = (av != av) & (ai >= 0)
+    b_nan = (bv != bv) & (bi >= 0)
+    by_value = (bv > av) | ((bv == av) & (bi >= 0) & ((ai < 0) | (bi < ai)))
+    take_b = tl.where(a_nan | b_nan, b_nan & (~a_nan | (bi > ai)), by_value)
+    return tl.where(take_b, bv, av), tl.where(take_b, bi, ai)
+
+
+@triton.jit
 def kiln_mul(a, b):
     return a * b
 '''
@@ -271,6 +298,7 @@ REDUCTIONS = {
 
 
 def reduction_identity(kind, dtype):
+    kind = {"argmax": "max", "window_argmax": "max", "argmin": "min"}.get(kind, kind)
     if kind not in REDUCTIONS:
         raise BackendUnsupported(f"a {kind} reduction in Triton")
     float_init, int_init, _, _ = REDUCTIONS[kind]

@@ -54,6 +54,13 @@ SCAN_UPDATES = {
 }
 
 
+# arg reductions: the position a lane holds when it holds none, and the (value, position) combine
+# (codegen/triton_exprs.PRELUDE) that keeps eager's choice whatever order the lanes meet in
+ARG_NONE = {"argmax": 2**62, "argmin": 2**62, "window_argmax": -1}
+ARG_COMBINES = {"argmax": "kiln_argmax_combine", "argmin": "kiln_argmin_combine",
+                "window_argmax": "kiln_window_argmax_combine"}
+
+
 def next_power_of_2(n):
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
@@ -190,6 +197,9 @@ class TritonKernelWriter:
             if not self.persistent:
                 init = reduction_identity(n.reduction_type, dtype)
                 body.append(f"{pad}acc_{n.name} = tl.full([XBLOCK, RBLOCK], {init}, {TL_TYPES[dtype]})")
+                if n.reduction_type in ir.ARG_REDUCTIONS:
+                    body.append(f"{pad}acc_{n.name}_i = tl.full([XBLOCK, RBLOCK], {ARG_NONE[n.reduction_type]}, "
+                                "tl.int64)")
         loop = []
         if self.persistent:
             loop_indent = 1
@@ -213,7 +223,9 @@ class TritonKernelWriter:
             init = reduction_identity(node.reduction_type, dtype)
             masked = (f"tl.where(mask, tl.broadcast_to({value}, [XBLOCK, RBLOCK]).to({TL_TYPES[dtype]}), "
                       f"tl.full([], {init}, {TL_TYPES[dtype]}))")
-            if self.persistent:
+            if node.reduction_type in ir.ARG_REDUCTIONS:
+                loop += [ipad + line for line in self.arg_step(node.reduction_type, acc, masked)]
+            elif self.persistent:
                 loop.append(f"{ipad}{acc} = {masked}")
             else:
                 combine = self.combine(node.reduction_type, dtype)
@@ -226,7 +238,12 @@ class TritonKernelWriter:
         outer_printer = self.printer(body, 1, f"u{s}_", "xmask")
         for node in reductions:
             acc, dtype = accs[node.name]
-            reduced = self.final(node.reduction_type, dtype).format(acc=acc)
+            if node.reduction_type in ir.ARG_REDUCTIONS:
+                combine = ARG_COMBINES[node.reduction_type]
+                body.append(f"{pad}_, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, {combine})")
+                reduced = f"{acc}_r"
+            else:
+                reduced = self.final(node.reduction_type, dtype).format(acc=acc)
             result = f"{reduced}[:, None]"
             if node.layout.dtype in ir.HALF_DTYPES:
                 result = round_to_half(f"{result}.to(tl.float32)", node.layout.dtype)
@@ -235,6 +252,19 @@ class TritonKernelWriter:
             var = outer_printer.temp(("reduced", node.name), result)
             outer_printer.mapping = self.maps[node.name]
             self.finish(node, var, outer_printer, "xmask")
+
+    def arg_step(self, kind, acc, masked):
+        """Lines folding this block's values (`masked`) and their positions in the row into the
+        (value, position) accumulators of an arg reduction."""
+        position = f"tl.where(mask, rindex.to(tl.int64) + tl.zeros([XBLOCK, RBLOCK], tl.int64), {ARG_NONE[kind]})"
+        lines = [f"{acc}_v = {masked}"]
+        if kind == "window_argmax":  # a position counts once its value passes -inf (or is NaN)
+            lines.append(f'{acc}_p = tl.where(({acc}_v > float("-inf")) | ({acc}_v != {acc}_v), {position}, -1)')
+        else:
+            lines.append(f"{acc}_p = {position}")
+        if self.persistent:
+            return lines + [f"{acc}, {acc}_i = {acc}_v, {acc}_p"]
+        return lines + [f"{acc}, {acc}_i = {ARG_COMBINES[kind]}({acc}, {acc}_i, {acc}_v, {acc}_p)"]
 
     def write_scan(self, node, body):
         """A scan: each program walks the scanned dim in order for its XBLOCK outer points, one
