@@ -215,12 +215,24 @@ def test_scans_walk_in_order_as_eager(interpreter):
     run_triton(fn, x)
 
 
+def test_scatters_write_in_eager_order_and_check_positions(interpreter):
+    x, i = torch.randn(5, 9), torch.tensor([[0, 2, 2, 1]])
+    fn = lambda x, i: ((x + 1).scatter_add(1, i.expand(5, 4), x[:, :4]),  # noqa: E731
+                       x.scatter(1, i.expand(5, 4), x[:, 4:8] * 2),
+                       x.scatter_reduce(1, i.expand(5, 4), x[:, :4], "amax", include_self=False),
+                       x.index_put((torch.tensor([4, 0, 4]),), x[:3] * 3, accumulate=True),
+                       torch.slice_scatter(x, x[:, :3] * 2, 1, 2, 8, 2))
+    run_triton(fn, x, i)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        kiln.compile(lambda x, i: x.scatter_add(1, i, x[:, :2]), options=TRITON)(x, torch.tensor([[0, 9]] * 5))
+
+
 def test_what_triton_cannot_emit_runs_through_aten(interpreter):
-    # a scatter has no Triton kernel yet: the graph runs through aten, with eager's answer
-    x, i = torch.randn(5, 9), torch.tensor([[0, 2, 1]])
-    fn = lambda x, i: (x + 1).scatter_add(1, i.expand(5, 3), x[:, :3])  # noqa: E731
-    compiled = compile_fx(torch.fx.symbolic_trace(fn), [x, i], compiler_options(options=TRITON))
-    torch.testing.assert_close(compiled(x, i), fn(x, i))
+    # a float floor division has no Triton kernel yet: the graph runs through aten, with eager's answer
+    x = torch.randn(5, 9)
+    fn = lambda x: (x * 3) // 0.7  # noqa: E731
+    compiled = compile_fx(torch.fx.symbolic_trace(fn), [x], compiler_options(options=TRITON))
+    torch.testing.assert_close(compiled(x), fn(x))
     assert "<whole graph>" in compiled.kiln_fallbacks
 
 

@@ -51,25 +51,26 @@ class TritonBackend(KernelBackend):
         module = load_module(source)
 
         def emit_call(src, entry, float_names):
-            launch(src, getattr(module, entry.name), entry)
+            launch(src, module, entry)
         return CompiledKernels(self.name, written, source, emit_call, module.__file__)
 
 
-def launch(src, fn, entry):
-    """The wrapper's line launching one kernel over cdiv(numel, XBLOCK) programs."""
+def launch(src, module, entry):
+    """The wrapper's lines launching a kernel's functions, each over cdiv(numel, XBLOCK) programs."""
     from kiln.compiler.wrapper import pyexpr, raise_failed_check
-    numel, rnumel = sympy.sympify(entry.numel), sympy.sympify(entry.rnumel)
-    if numel == 0:
-        return
-    grid = pyexpr(sympy.ceiling(numel / entry.xblock)) if numel.is_number else \
-        f"(({pyexpr(numel)}) + {entry.xblock - 1}) // {entry.xblock}"
-    args = ["err"] * bool(entry.checks) + entry.args + entry.sizes + [pyexpr(numel), pyexpr(rnumel)]
-    call = (f"{src.constant(fn, 'triton_')}[({grid},)]({', '.join(args)}, XBLOCK={entry.xblock}, "
-            f"RBLOCK={entry.rblock}, num_warps={entry.num_warps})")
     if entry.checks:  # a failed index check stores (code, -, bound) here
         device = src.constant(entry.device, "device")
         src.line(f"err = torch.zeros(3, dtype=torch.int64, device={device})")
-    src.line(call if numel.is_number else f"if {pyexpr(numel)} > 0: {call}")
+    for step in entry.launches:
+        numel, rnumel = sympy.sympify(step.numel), sympy.sympify(step.rnumel)
+        if numel == 0:
+            continue
+        grid = pyexpr(sympy.ceiling(numel / step.xblock)) if numel.is_number else \
+            f"(({pyexpr(numel)}) + {step.xblock - 1}) // {step.xblock}"
+        args = ["err"] * bool(entry.checks) + entry.args + entry.sizes + [pyexpr(numel), pyexpr(rnumel)]
+        call = (f"{src.constant(getattr(module, step.name), 'triton_')}[({grid},)]({', '.join(args)}, "
+                f"XBLOCK={step.xblock}, RBLOCK={step.rblock}, num_warps={step.num_warps})")
+        src.line(call if numel.is_number else f"if {pyexpr(numel)} > 0: {call}")
     if entry.checks:
         src.line("err = err.tolist()")
         raise_failed_check(src, entry.checks)

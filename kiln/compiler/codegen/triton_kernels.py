@@ -28,7 +28,7 @@ from kiln.compiler.codegen.triton_exprs import (BLOCK_SHAPES, REDUCTIONS, TL_TYP
                                                 tindex, tl_type)
 from kiln.compiler.loop_nodes import loop_var
 from kiln.compiler.schedule import kernel_stages
-from kiln.compiler.schedule_sequential import ScanPlan
+from kiln.compiler.schedule_sequential import ScanPlan, ScatterPlan
 
 PERSISTENT_RBLOCK = 1024   # rows up to this long are reduced in one block, values kept in registers
 LOOPED_RBLOCK = 512        # longer rows: this many elements of a row per step
@@ -67,35 +67,46 @@ def next_power_of_2(n):
 
 def persistent(kernel):
     """Whether the kernel's rows fit one block (see the module doc)."""
-    return kernel.rnumel.is_number and int(kernel.rnumel) <= PERSISTENT_RBLOCK
+    return persistent_rows(kernel.rnumel)
+
+
+def persistent_rows(rnumel):
+    return rnumel.is_number and int(rnumel) <= PERSISTENT_RBLOCK
 
 
 @dataclasses.dataclass
-class TritonKernel:
-    """One generated kernel: its name, the buffers it takes (in argument order), the size symbols
-    after them, and its launch configuration."""
+class Launch:
+    """One @triton.jit function of a kernel and how it is launched: cdiv(numel, xblock) programs."""
     name: str
-    kernels: list            # [the schedule.Kernel] (an entry of one kernel)
-    args: list
-    sizes: list
     numel: sympy.Expr
     rnumel: sympy.Expr
     xblock: int
     rblock: int
     num_warps: int
+
+
+@dataclasses.dataclass
+class TritonKernel:
+    """One generated kernel: the buffers it takes (in argument order), the size symbols after them,
+    and its launches, in order (a scatter: its initial copy, then the scatter)."""
+    name: str
+    kernels: list            # [the schedule.Kernel] (an entry of one kernel)
+    args: list
+    sizes: list
+    launches: list
     source: str = ""
     uses_workspace: bool = False
     checks: list = dataclasses.field(default_factory=list)  # CheckSites: takes `kiln_err` (int64[3]) first
     device: object = None    # where its buffers are
 
 
-def block_sizes(kernel, reduces):
+def block_sizes(numel, rnumel, reduces):
     """(XBLOCK, RBLOCK, num_warps) from the sizes: static sizes pick blocks that fit them."""
-    numel = int(kernel.numel) if kernel.numel.is_number else None
+    numel = int(numel) if numel.is_number else None
     if not reduces:
         xblock = min(POINTWISE_XBLOCK, next_power_of_2(numel)) if numel is not None else POINTWISE_XBLOCK
         return xblock, 1, max(1, min(8, xblock // 128))
-    rblock = next_power_of_2(int(kernel.rnumel)) if persistent(kernel) else LOOPED_RBLOCK
+    rblock = next_power_of_2(int(rnumel)) if persistent_rows(rnumel) else LOOPED_RBLOCK
     xblock = max(1, MAX_BLOCK_ELEMENTS // rblock) if rblock < 64 else max(1, min(8, MAX_BLOCK_ELEMENTS // rblock))
     if numel is not None:
         xblock = min(xblock, next_power_of_2(numel))
@@ -120,21 +131,18 @@ class TritonKernelWriter:
     def write(self):
         k = self.kernel
         scan = k.nodes[0].sequential
-        if scan is not None and not isinstance(scan, ScanPlan):
-            raise BackendUnsupported("a scatter in Triton")
+        self.locals = {}
+        self.reduces = scan is None and (k.rnumel != 1 or any(n.is_reduction for n in k.nodes))
+        self.persistent = self.reduces and persistent(k)
+        self.index_type = "tl.int64" if self.needs_int64() else "tl.int32"
+        if isinstance(scan, ScatterPlan):
+            return self.write_scatter(k.nodes[0])
         outer, inner = k.dims()
         if outer is None:
             raise BackendUnsupported(f"{k.name}'s nodes do not nest")
         self.maps = {n.name: k.var_map(n, outer, inner) for n in k.nodes}
-        self.reduces = scan is None and (k.rnumel != 1 or any(n.is_reduction for n in k.nodes))
-        self.persistent = self.reduces and persistent(k)
-        xblock, rblock, warps = block_sizes(k, self.reduces)
-        body = []
-        self.locals = {}
-        self.index_type = "tl.int64" if self.needs_int64() else "tl.int32"
-        body.append(f"    xindex = tl.program_id(0).to({self.index_type}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        body.append("    xmask = xindex < xnumel")
-        body += self.split_index("xindex", "x", outer)
+        xblock, rblock, warps = block_sizes(k.numel, k.rnumel, self.reduces)
+        body = self.block_start(outer)
         body.append(f"    rbase = tl.arange(0, RBLOCK)[None, :].to({self.index_type})")
         stages = [] if scan is not None else kernel_stages(k)
         if scan is not None:
@@ -149,18 +157,85 @@ class TritonKernelWriter:
                     self.finish(node, printer.expr(node.body), printer, "xmask")
             else:
                 self.write_reduction_stage(s, stage, inner, body)
+        return self.finish_kernel({k.name: body}, [Launch(k.name, k.numel, k.rnumel, xblock, rblock, warps)])
+
+    def block_start(self, sizes, names=None):
+        """The first lines of a function: this program's XBLOCK points of `sizes` and their loop variables."""
+        body = [f"    xindex = tl.program_id(0).to({self.index_type}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
+                "    xmask = xindex < xnumel"]
+        return body + self.split_index("xindex", "x", sizes, names)
+
+    def finish_kernel(self, bodies, launches):
+        """The TritonKernel of functions {name: body lines}, which take the same parameters."""
+        k = self.kernel
         args = self.arguments()
-        used = [sym for sym in self.symbols if sym.name in _names("\n".join(body))]
+        text = "\n".join(line for body in bodies.values() for line in body)
+        used = [sym for sym in self.symbols if sym.name in _names(text)]
         if any(not sym.is_integer for sym in used):
             raise BackendUnsupported("a float computed from sizes (Triton would take it as float32)")
         sizes = [sym.name for sym in used]
         # under the interpreter the loop bound is a constant: it holds a scalar argument as a 1-element
         # array, which NumPy >= 2.4 refuses to turn into the int `range` needs (compiled: an argument)
         rnumel = "rnumel: tl.constexpr" if interpreting() else "rnumel"
-        params = ["kiln_err"] * bool(self.checks.sites) + args + sizes + ["xnumel", rnumel, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
-        source = "\n".join(["@triton.jit", f"def {k.name}({', '.join(params)}):"] + body) + "\n"
-        return TritonKernel(k.name, [k], args, sizes, k.numel, k.rnumel, xblock, rblock, warps, source,
-                            checks=self.checks.sites, device=k.nodes[0].layout.device)
+        params = (["kiln_err"] * bool(self.checks.sites) + args + sizes
+                  + ["xnumel", rnumel, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
+        source = "\n\n".join("\n".join(["@triton.jit", f"def {name}({', '.join(params)}):"] + body) + "\n"
+                             for name, body in bodies.items())
+        return TritonKernel(k.name, [k], args, sizes, launches, source, checks=self.checks.sites,
+                            device=k.nodes[0].layout.device)
+
+    def write_scatter(self, node):
+        """A scatter: one function copies the initial value over the output; a second one walks the
+        source points, XBLOCK points of the parallel dims per program and the serial dims in order
+        inside it, so two points that hit one element (they differ in serial dims only) are one
+        lane's, in eager's order. A position out of range writes nothing and is reported."""
+        plan = node.sequential
+        if node.layout.dtype in ir.HALF_DTYPES:
+            raise BackendUnsupported("a scatter into a half dtype")
+        init = self.block_start(node.sizes)
+        printer = self.printer(init, 1, "t", "xmask")
+        self.finish(node, printer.expr(node.body), printer, "xmask")
+        names = [f"q{d}" for d in range(len(plan.source_sizes))]
+        par = [plan.source_sizes[d] for d in plan.parallel]
+        ser = [plan.source_sizes[d] for d in plan.serial]
+        body = self.block_start(par, [names[d] for d in plan.parallel])
+        for identity in ([True, False] if not plan.include_self else [False]):  # one pass after the other
+            body.append("    for sindex in tl.range(0, rnumel):  # the serial dims, in order")
+            body += ["    " + line for line in self.split_index("sindex", "q", ser, [names[d] for d in plan.serial])]
+            self.scatter_pass(node, body, identity)
+        numel, serial = ir.sympy_product(par), ir.sympy_product(ser)
+        xblock, _, warps = block_sizes(node.numel, 1, False)
+        pblock, _, pwarps = block_sizes(numel, 1, False)
+        return self.finish_kernel({f"{node.name}_init": init, self.kernel.name: body},
+                                  [Launch(f"{node.name}_init", node.numel, sympy.Integer(1), xblock, 1, warps),
+                                   Launch(self.kernel.name, numel, serial, pblock, 1, pwarps)])
+
+    def scatter_pass(self, node, body, identity):
+        """One pass over the source points: store the mode's identity at each target (include_self=False's
+        first pass), or combine the value into it."""
+        plan = node.sequential
+        printer = self.printer(body, 2, f"s{int(identity)}_", "xmask")
+        ok = "xmask"
+        for k, (position, size) in enumerate(zip(plan.positions, plan.out_sizes)):
+            if isinstance(position, ir.Expr):
+                p = printer.temp(("position", k), f"{printer.expr(position)}.to(tl.int64)")
+                bound = printer.index(size)
+                bad = printer.temp(("bad", k), f"xmask & (({p} < 0) | ({p} >= {bound}))")
+                code = self.index_site(f"a scatter into dimension {k}")
+                printer.lines.append(f"        tl.store(kiln_err + {bad}.to(tl.int32) * 0, {bad}.to(tl.int64) * 0 + {code}, {bad})")
+                printer.lines.append(f"        tl.store(kiln_err + 2 + {bad}.to(tl.int32) * 0, {bad}.to(tl.int64) * 0 + {bound}, {bad})")
+                body.append(f"        p{k} = tl.where({bad}, 0, {p})")
+                ok = printer.temp(("ok", k), f"{ok} & ~{bad}")
+        dtype = TL_TYPES[node.layout.dtype]
+        target = f"{node.name} + ({tindex(plan.target_index)} + tl.zeros([XBLOCK, 1], tl.int32))"
+        if identity:
+            value = f"tl.full([XBLOCK, 1], {reduction_identity(plan.mode, node.layout.dtype)}, {dtype})"
+        else:
+            value = f"tl.broadcast_to({printer.expr(plan.value)}, [XBLOCK, 1]).to({dtype})"
+            if plan.mode is not None:
+                old = printer.temp(("old",), f"tl.load({target}, {ok}, other=0)")
+                value = self.combine(plan.mode, node.layout.dtype).format(acc=old, v=value)
+        body.append(f"        tl.store({target}, {value}, {ok})")
 
     def needs_int64(self):
         """Whether an index may pass int32: symbolic sizes, or a buffer or loop that large."""
@@ -172,13 +247,15 @@ class TritonKernelWriter:
         return any(not e.is_number or int(e) >= INT32_LIMIT for e in map(sympy.sympify, extents))
 
     @staticmethod
-    def split_index(flat, prefix, sizes):
-        """Lines binding the loop variables of `sizes` (outermost first) from the flat index."""
+    def split_index(flat, prefix, sizes, names=None):
+        """Lines binding the loop variables of `sizes` (outermost first; named `names`, default
+        prefix0, prefix1, ...) from the flat index."""
         lines, stride = [], sympy.Integer(1)
+        names = names or [loop_var(prefix, k).name for k in range(len(sizes))]
         for k in reversed(range(len(sizes))):
             part = flat if stride == 1 else f"({flat} // {tindex(stride)})"
             code = part if k == 0 else f"{part} % {tindex(sympy.sympify(sizes[k]))}"
-            lines.append(f"    {loop_var(prefix, k)} = {code}")
+            lines.append(f"    {names[k]} = {code}")
             stride = stride * sizes[k]
         return lines
 
