@@ -3,37 +3,11 @@
 `PROGRAMS`: name -> (builder(device, dtype) -> (fn or module, args), what it exercises). The same
 programs are checked against eager (bench/gpu_check.py) and timed (bench/gpu_bench.py).
 """
-import math
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-def causal_attention(q, k, v):
-    """Hand-written attention with a causal mask made on the inputs' device."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    seq = q.shape[-2]
-    mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
-
-
-class GPT2Block(nn.Module):
-    """A GPT-2-style pre-norm decoder block written out by hand (causal attention + GELU MLP)."""
-
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        batch, seq, dim = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(dim, dim=-1)
-        q, k, v = (t.view(batch, seq, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
-        x = x + self.proj(causal_attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim))
-        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+from bench.workloads import GPT2Block, attention as causal_attention
 
 
 def _randn(device, dtype, *shape):

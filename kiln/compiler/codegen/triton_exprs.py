@@ -12,6 +12,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.codegen.backend import BackendUnsupported
+from kiln.compiler.codegen.index_print import IndexSpelling, LoopExprPrinter, print_index
 
 TL_TYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -42,31 +43,11 @@ def literal(value, dtype):
 
 def tindex(e):
     """A sympy index expression (never negative) as Triton integer arithmetic."""
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if e.is_Add:
-        return "(" + " + ".join(tindex(a) for a in e.args) + ")"
-    if e.is_Mul:
-        return "(" + " * ".join(tindex(a) for a in e.args) + ")"
-    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([tindex(e.base)] * int(e.exp)) + ")"
-    kind = type(e).__name__
-    args = [tindex(a) for a in e.args]
-    if kind in ("Mod", "PythonMod"):
-        return f"({args[0]} % {args[1]})"
-    if kind in ("FloorDiv", "CleanDiv"):
-        return f"({args[0]} // {args[1]})"
-    if kind == "ModularIndexing":
-        return f"(({args[0]} // {args[1]}) % {args[2]})"
-    if kind in ("Min", "Max"):
-        fn = "tl.minimum" if kind == "Min" else "tl.maximum"
-        out = args[0]
-        for a in args[1:]:
-            out = f"{fn}({out}, {a})"
-        return out
-    raise BackendUnsupported(f"Triton has no index expression for {kind}")
+    return print_index(e, TRITON_INDEX)
+
+
+TRITON_INDEX = IndexSpelling(divide="//", minimum="tl.minimum", maximum="tl.maximum", power=None, big_suffix="",
+                             unsupported=BackendUnsupported)
 
 
 CORE_UNARY = {"exp": "tl.exp", "log": "tl.log", "sin": "tl.sin", "cos": "tl.cos", "sqrt": "tl.sqrt_rn",
@@ -81,7 +62,7 @@ BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and":
               "logical_and": "&", "logical_or": "|"}
 
 
-class TritonPrinter:
+class TritonPrinter(LoopExprPrinter):
     """Prints Exprs into `lines` as temporaries, sharing equal subexpressions. `mask`: the Triton
     mask of the points this code runs at (loads outside it read 0)."""
 
@@ -102,11 +83,6 @@ class TritonPrinter:
     def index(self, e, extra=None):
         return tindex(self.mapped(e, extra))
 
-    def mapped(self, e, extra=None):
-        mapping = dict(self.mapping)
-        mapping.update(extra or {})
-        return sympy.expand(e.xreplace(mapping))
-
     def pointer(self, name, index, extra=None):
         """(pointer block, mask) for element `index` of buffer `name`: over [XBLOCK, 1] (with xmask)
         when the index does not move with the reduction variables, else over the code's points."""
@@ -114,12 +90,6 @@ class TritonPrinter:
         names = {s.name[0] for s in e.free_symbols}
         mask = self.mask if (names - {"x", "s"}) else "xmask"
         return f"{name} + ({tindex(e)} + tl.zeros({BLOCK_SHAPES[mask]}, tl.int32))", mask
-
-    def expr(self, e):
-        key = (id(e), tuple(sorted(self.mapping.items(), key=str)))
-        if key not in self.memo:
-            self.memo[key] = self._print(e)
-        return self.memo[key]
 
     def _print(self, e):
         if e.op == "const":

@@ -28,7 +28,7 @@ from kiln.compiler.codegen.triton_exprs import (BLOCK_SHAPES, REDUCTIONS, TL_TYP
                                                 tindex, tl_type)
 from kiln.compiler.loop_nodes import loop_var
 from kiln.compiler.schedule import kernel_stages
-from kiln.compiler.schedule_sequential import ScanPlan, ScatterPlan
+from kiln.compiler.schedule_sequential import ScatterPlan
 
 PERSISTENT_RBLOCK = 1024   # rows up to this long are reduced in one block, values kept in registers
 LOOPED_RBLOCK = 512        # longer rows: this many elements of a row per step
@@ -264,7 +264,6 @@ class TritonKernelWriter:
         return any(n.reads & written for n in stage)
 
     def write_reduction_stage(self, s, stage, inner, body):
-        k = self.kernel
         reductions = [n for n in stage if n.is_reduction]
         accs = {}
         pad = "    "
