@@ -178,6 +178,8 @@ def device_backend_default():
     environment (how a whole test run sends CPU graphs through Triton's interpreter)."""
     text = os.environ.get("KILN_DEVICE_BACKEND", "")
     pairs = [item.split(":", 1) for item in text.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise InvalidArgument(f"KILN_DEVICE_BACKEND must read device:backend[,device:backend], got {text!r}")
     mapping = {device.strip(): backend.strip() for device, backend in pairs}
     check_value(COMPILER_OPTIONS, "KILN_DEVICE_BACKEND", "device_backend", mapping)
     return tuple(sorted(mapping.items()))

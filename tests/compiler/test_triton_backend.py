@@ -258,3 +258,13 @@ def test_indirect_indexing_gathers_and_checks_its_indices(interpreter):
     run_triton(fn, table, x, idx)
     with pytest.raises(IndexError, match="out of bounds"):
         kiln.compile(lambda t, i: t[i] * 2, options=TRITON)(table, torch.tensor([2, 10]))
+
+
+def test_device_backend_from_the_environment(monkeypatch):
+    monkeypatch.setenv("KILN_DEVICE_BACKEND", "cpu:triton, cuda:triton")
+    assert dict(compiler_options()["device_backend"]) == {"cpu": "triton", "cuda": "triton"}
+    assert dict(compiler_options(options={"device_backend": {"cpu": "cpp"}})["device_backend"]) == {"cpu": "cpp"}
+    for wrong in ("cpu", "cpu:opencl"):
+        monkeypatch.setenv("KILN_DEVICE_BACKEND", wrong)
+        with pytest.raises(kiln.InvalidArgument):
+            compiler_options()
