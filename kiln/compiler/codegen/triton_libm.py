@@ -8,11 +8,18 @@ import types
 
 import numpy as np
 
+def _lgamma(x):
+    try:
+        return math.lgamma(x)
+    except ValueError:  # a pole (0, -1, ...; masked-off lanes read 0): libdevice gives inf
+        return math.inf
+
+
 # name -> NumPy function of the same meaning (the libdevice function has the same name)
 NUMPY_FUNCTIONS = {
     "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
     "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "log10": np.log10,
-    "log1p": np.log1p, "expm1": np.expm1, "erfc": None, "lgamma": np.vectorize(math.lgamma, otypes=[float]),
+    "log1p": np.log1p, "expm1": np.expm1, "erfc": None, "lgamma": np.vectorize(_lgamma, otypes=[float]),
     "nearbyint": np.rint, "trunc": np.trunc, "atan2": np.arctan2, "pow": np.power, "fmod": np.fmod,
 }
 NUMPY_FUNCTIONS["erfc"] = np.vectorize(math.erfc, otypes=[float])
