@@ -134,7 +134,8 @@ def triton_source(fn, *args):
 
 @pytest.mark.parametrize("fn", [
     lambda x: (x * 2).sin() + x.t().cos(),
-    lambda x: torch.where(x > 0, x.exp(), torch.tanh(x)) - torch.log1p(x.abs()) + torch.lgamma(x.abs() + 0.5),
+    # masked-off lanes read 0: lgamma's pole there must not fail the kernel
+    lambda x: torch.where(x > 0, x.exp(), torch.tanh(x)) - torch.log1p(x.abs()) + torch.lgamma(x.abs()),
     lambda x: torch.nn.functional.gelu(x) * torch.sigmoid(x[:, :1]),
 ], ids=["chain_with_transpose", "where_exp_tanh", "gelu_broadcast"])
 def test_pointwise(interpreter, fn):
