@@ -120,7 +120,7 @@ def attention(q, k, v):
     """Hand-written scaled dot-product attention with a causal mask."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     seq = q.shape[-2]
-    mask = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+    mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 

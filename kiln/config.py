@@ -19,9 +19,10 @@ class Option:
     """A setting: its default, what it does, and the values it accepts."""
     default: object
     doc: str
-    kind: type = bool            # bool, int, or os.PathLike (a str or path)
+    kind: type = bool            # bool, int, os.PathLike (a str or path) or dict (str -> one of `choices`)
     minimum: int | None = None   # ints: the smallest value accepted
     also: tuple = ()             # other values accepted besides those of `kind` (None, -1)
+    choices: tuple = ()          # dicts: the values accepted
 
     def accepts(self, value):
         if any(value is v or type(value) is type(v) and value == v for v in self.also):
@@ -30,6 +31,9 @@ class Option:
             return type(value) is bool
         if self.kind is int:
             return type(value) is int and (self.minimum is None or value >= self.minimum)
+        if self.kind is dict:
+            value = dict(value) if isinstance(value, tuple) else value  # (the form compiler_options holds)
+            return isinstance(value, dict) and all(isinstance(k, str) and v in self.choices for k, v in value.items())
         return isinstance(value, (str, os.PathLike))
 
     def expected(self):
@@ -37,6 +41,8 @@ class Option:
             text = "True or False"
         elif self.kind is int:
             text = "an int" + (f" >= {self.minimum}" if self.minimum is not None else "")
+        elif self.kind is dict:
+            text = "a dict from device type (str) to one of " + ", ".join(map(repr, self.choices))
         else:
             text = "a path (str or os.PathLike)"
         return text + "".join(f" or {v!r}" for v in self.also)
@@ -139,7 +145,12 @@ COMPILER_OPTIONS = {
                           minimum=1, also=(-1,)),
     "cpp.simdlen": Option(None, "SIMD width hint for generated loops", int, minimum=1, also=(None,)),
     "cpp.min_parallel_work": Option(32768, "elements below which a kernel runs single-threaded", int, minimum=0),
-    "triton.cudagraphs": Option(False, "capture GPU graphs with CUDA graphs (GPU only: no effect on CPU)"),
+    "device_backend": Option((), "which kernel backend compiles each device type's kernels, over the default "
+                                 "{'cpu': 'cpp', 'cuda': 'triton'}; {'cpu': 'triton'} sends CPU graphs through Triton "
+                                 "(its interpreter, TRITON_INTERPRET=1: tests); a device without a backend runs through "
+                                 "aten. Default from KILN_DEVICE_BACKEND=cpu:triton", dict, choices=("cpp", "triton")),
+    "triton.cudagraphs": Option(False, "replay CUDA inference graphs as CUDA graphs (mode='reduce-overhead'; no "
+                                       "effect on CPU graphs)"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
     "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder (accepted; "
                                          "not drawn yet: see INERT_OPTIONS)"),
@@ -187,12 +198,28 @@ def bounds_checks_default():
     return os.environ.get("KILN_BOUNDS_CHECK", "") not in ("", "0")
 
 
+def device_backend_default():
+    """device_backend when no option sets it: KILN_DEVICE_BACKEND=cpu:triton[,cuda:triton] in the
+    environment (how a whole test run sends CPU graphs through Triton's interpreter)."""
+    text = os.environ.get("KILN_DEVICE_BACKEND", "")
+    pairs = [item.split(":", 1) for item in text.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise InvalidArgument(f"KILN_DEVICE_BACKEND must read device:backend[,device:backend], got {text!r}")
+    mapping = {device.strip(): backend.strip() for device, backend in pairs}
+    check_value(COMPILER_OPTIONS, "KILN_DEVICE_BACKEND", "device_backend", mapping)
+    return tuple(sorted(mapping.items()))
+
+
 def compiler_options(mode=None, options=None):
     """The full option dict for one compile: defaults, then the mode's, then the user's."""
     resolved = {name: option.default for name, option in COMPILER_OPTIONS.items()}
     resolved["debug_bounds_checks"] = bounds_checks_default()
+    resolved["device_backend"] = device_backend_default()
     resolved.update(MODE_OPTIONS[mode or "default"])
     resolved.update(options or {})
+    for name, option in COMPILER_OPTIONS.items():  # held as sorted pairs: options key caches, so hashable
+        if option.kind is dict and isinstance(resolved[name], dict):
+            resolved[name] = tuple(sorted(resolved[name].items()))
     return resolved
 
 

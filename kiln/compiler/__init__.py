@@ -76,6 +76,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference
     its intermediates' layouts are free to choose (layout_opt)."""
     from kiln.compiler import ir
     from kiln.compiler.build import CompileError
+    from kiln.compiler.codegen.backend import BackendUnsupported
 
     options = options if options is not None else compiler_options()
     unsupported = _unsupported_symbols(aten_gm)
@@ -85,7 +86,10 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference
         return _run_through_aten(aten_gm)
     try:
         with ir.indirect_scope():
-            return _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference)
+            return _compile_to_kernels(aten_gm, example_inputs, options, fx_gm, inference)
+    except BackendUnsupported as e:
+        log("perf_hints", "graph runs through aten: %s", e)
+        return _run_through_aten(aten_gm)
     except CompileError as e:  # kiln generated C++ that does not build: a kiln bug, not the user's
         if options.get("debug"):
             raise
@@ -103,10 +107,8 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference
         return _run_through_aten(aten_gm)
 
 
-def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference):
+def _compile_to_kernels(aten_gm, example_inputs, options, fx_gm, inference):
     from kiln.compiler import debug, layout_opt, onednn_fusion, wrapper
-    from kiln.compiler.build import load_library
-    from kiln.compiler.codegen import cpp
     from kiln.compiler.lower import GraphLowering
     from kiln.compiler.memory_plan import plan_memory
     from kiln.compiler.schedule import build_program
@@ -118,13 +120,17 @@ def _compile_to_cpp(aten_gm, example_inputs, options, fx_gm, inference):
             onednn_fusion.prepack_convolutions(aten_gm)  # frozen weights only
     graph = GraphLowering(aten_gm, example_inputs, options, output_metas).run()
     _check_bound(graph, aten_gm)
-    program = build_program(graph, options)
+    program = build_program(graph, options, graph.backends.can_fuse)
+    graph.backends.plan_storage(program)  # may raise BackendUnsupported
     memory = plan_memory(program)
     symbols = sorted(graph.symbol_sources, key=str)
-    source, entries = cpp.generate(program, memory, options, symbols)
-    lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
-    fn, wrapper_source = wrapper.build(program, entries, lib, memory, len(example_inputs), graph.symbol_sources)
-    debug.log_output_code(getattr(lib, "_name", None), source, wrapper_source)
+    compiled = graph.backends.compile(program, memory, options, symbols)  # one CompiledKernels per backend
+    source = "\n".join(c.source for c in compiled)
+    fn, wrapper_source = wrapper.build(program, compiled, memory, len(example_inputs), graph.symbol_sources)
+    debug.log_output_code(next((c.library_name for c in compiled if c.library_name), None), source, wrapper_source)
+    if options.get("triton.cudagraphs") and inference:  # mode="reduce-overhead"
+        from kiln.compiler import cudagraphs
+        fn = cudagraphs.wrap(fn, program, compiled, example_inputs)
     if options.get("trace.enabled"):
         folder = debug.write_trace(options, aten_gm=aten_gm, graph=graph, program=program, cpp_source=source,
                                    wrapper_source=wrapper_source, fx_gm=fx_gm)

@@ -27,15 +27,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 # dtypes generated kernels read and write; ops on other dtypes run through aten
 KERNEL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
                  torch.bool) + HALF_DTYPES
-# the device types generated kernels run on, and their backend (the C++ one reaches CPU memory
-# only); an op on a tensor of any other device (meta, cuda today) runs through aten
-KERNEL_BACKENDS = {"cpu": "cpp"}
 CPU = torch.device("cpu")
-
-
-def kernel_device(device):
-    """Whether generated kernels may touch memory of `device`."""
-    return device.type in KERNEL_BACKENDS
 
 
 class Expr:
@@ -172,7 +164,7 @@ class Layout:
     strides: tuple
     dtype: torch.dtype
     offset: sympy.Expr = sympy.Integer(0)
-    device: torch.device = CPU  # where the memory is (kernels compute on CPU)
+    device: torch.device = CPU  # where the memory is: its kernels run through that device's backend
 
     def index(self, idx):
         return self.offset + sum((i * s for i, s in zip(idx, self.strides)), sympy.Integer(0))
@@ -261,6 +253,9 @@ class TensorValue:
     # the strides eager gives this value (its node's fake tensor), when they are not contiguous:
     # what it is laid out with if it is realized (a channels-last convolution's epilogue)
     strides: Optional[tuple] = None
+    # the device of the node whose value this is (None: the node being lowered): where it is
+    # computed if it is realized (an extern on another device, `.to("cuda")`, realizes its argument)
+    device: Optional[torch.device] = None
 
     @property
     def ndim(self):

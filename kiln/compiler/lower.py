@@ -16,6 +16,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
 from kiln.compiler import lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter
+from kiln.compiler.codegen.backend import DeviceBackends
 from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext, sym_layout
 from kiln.compiler.size_facts import SizeFacts
 from kiln.debug.logs import log
@@ -71,12 +72,17 @@ class GraphLowering(LoweringContext):
         # symbols (not integer) -> Python source computing them from the size symbols
         self.symbol_sources = {}
         self.facts = SizeFacts.of_graph(gm)  # what the guards proved about symbolic sizes
+        self.backends = DeviceBackends(options)  # the kernel backend of each device (codegen/backend)
+        self.device = ir.CPU  # where the node being lowered computes: its computed buffers live there
 
     # ---- buffers -------------------------------------------------------------------------
     def new_name(self):
         return f"buf{len(self.buffers)}"
 
-    def add_buffer(self, buf):
+    def add_buffer(self, buf, device=None):
+        """Add `buf`; a computed buffer lives on `device` (default: the device of the node being lowered)."""
+        if isinstance(buf, ir.ComputedBuffer):
+            buf.layout = dataclasses.replace(buf.layout, device=device or self.device)
         self.buffers.append(buf)
         self.buffer_by_name[buf.name] = buf
         return buf
@@ -87,15 +93,16 @@ class GraphLowering(LoweringContext):
         if value.view is not None and layout is None:
             return value
         layout = layout or ir.Layout(value.sizes, value.strides or ir.contiguous_strides(value.sizes), value.dtype)
-        buf = self.add_buffer(ir.ComputedBuffer(self.new_name(), layout, ir.Pointwise(value.sizes, value.loader)))
-        return ir.view_value(buf.name, layout)
+        buf = self.add_buffer(ir.ComputedBuffer(self.new_name(), layout, ir.Pointwise(value.sizes, value.loader)),
+                              value.device)
+        return ir.view_value(buf.name, buf.layout)
 
     def reduction(self, sizes, reduction_sizes, reduction_type, inner_fn, dtype):
         """Realize a reduction into a contiguous buffer of `sizes`; returns its value."""
         layout = ir.Layout(tuple(sizes), ir.contiguous_strides(sizes), dtype)
         buf = self.add_buffer(ir.ComputedBuffer(
             self.new_name(), layout, ir.Reduction(tuple(sizes), tuple(reduction_sizes), reduction_type, inner_fn)))
-        return ir.view_value(buf.name, layout)
+        return ir.view_value(buf.name, buf.layout)
 
     # ---- the walk ------------------------------------------------------------------------
     def run(self):
@@ -120,7 +127,11 @@ class GraphLowering(LoweringContext):
                 buf = self.add_buffer(ir.ConstantBuffer(f"const{len(self.buffers)}", sym_layout(value), value))
                 self.env[node] = ir.view_value(buf.name, buf.layout)
             elif node.op == "call_function":
-                self.env[node] = with_eager_strides(self.lower_node(node), node.meta.get("val"))
+                self.device = node_device(node)
+                value = with_eager_strides(self.lower_node(node), node.meta.get("val"))
+                if isinstance(value, ir.TensorValue) and value.view is None and value.device != self.device:
+                    value = dataclasses.replace(value, device=self.device)
+                self.env[node] = value
                 self.maybe_realize_shared(node)
             elif node.op == "output":
                 self.lower_outputs(node)
@@ -157,9 +168,12 @@ class GraphLowering(LoweringContext):
         tensors = [t for t in values if isinstance(t, torch.Tensor)]
         if any(t.dtype not in ir.KERNEL_DTYPES for t in tensors):
             return "a dtype kernels have no C++ type for"
-        other = [t.device for t in tensors if not ir.kernel_device(t.device)]
-        if other:  # the device seam: kernels of the C++ backend never see another device's memory
-            return f"a tensor on device {other[0]}, which kiln has no kernel backend for"
+        # the device seam: a kernel touches the memory of one device, through that device's backend
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            return f"tensors on several devices ({', '.join(sorted(map(str, devices)))})"
+        if devices and self.backends.for_device(self.device) is None:
+            return f"a tensor on device {self.device}, which kiln has no kernel backend for here"
         return None
 
     def float_symbol(self, value):
@@ -194,7 +208,7 @@ class GraphLowering(LoweringContext):
 
         def as_arg(a):
             if isinstance(a, ir.TensorValue):
-                view = self.realize(a).view
+                view = self.realize(a).view  # computed on its own device (a.device)
                 own = self.buffer_by_name[view.name].layout
                 return ir.BufferArg(view.name, None if view.layout == own else view.layout)
             return a
@@ -226,6 +240,7 @@ class GraphLowering(LoweringContext):
                 continue
             meta = out.meta["val"] if self.output_metas is None else self.output_metas[position]
             layout = sym_layout(meta)
+            self.device = meta.device
             if value.view is not None and isinstance(self.buffer_by_name[value.view.name],
                                                      (ir.InputBuffer, ir.ConstantBuffer)) and not _is_input_alias(out):
                 # an input's elements (floor of ints, clone: identity lowerings) that eager returns
@@ -241,6 +256,12 @@ class GraphLowering(LoweringContext):
                 self.outputs.append(("buffer", value.view.name, value.view.layout))
             else:
                 self.outputs.append(("buffer", self.realize(value, layout).view.name, None))
+
+
+def node_device(node):
+    """The device a node computes on: its (first) tensor result's, else its first tensor input's."""
+    values = pytree.tree_leaves(node.meta.get("val")) + [a.meta.get("val") for a in node.all_input_nodes]
+    return next((t.device for t in values if isinstance(t, torch.Tensor)), ir.CPU)
 
 
 def with_eager_strides(value, meta):

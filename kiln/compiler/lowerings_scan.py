@@ -19,7 +19,7 @@ def sequential_buffer(ctx, sizes, dtype, data):
     """A contiguous buffer computed by `data` (an ir.Scan or ir.Scatter); returns its value."""
     layout = ir.Layout(tuple(sizes), ir.contiguous_strides(sizes), dtype)
     buf = ctx.add_buffer(ir.ComputedBuffer(ctx.new_name(), layout, data))
-    return ir.view_value(buf.name, layout)
+    return ir.view_value(buf.name, buf.layout)
 
 
 def scan_acc_dtype(dtype):

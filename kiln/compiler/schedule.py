@@ -275,7 +275,9 @@ class Program:
     readers: dict                # name -> set of step indices that read it
 
 
-def build_program(graph, options=None) -> Program:
+def build_program(graph, options=None, can_fuse=None) -> Program:
+    """`can_fuse(kernel, node)`: what the kernel's device backend allows beyond the rules here
+    (codegen/backend.DeviceBackends.can_fuse: one device per kernel)."""
     nodes = {b.name: trace(b) for b in graph.buffers if isinstance(b, ir.ComputedBuffer)}
     live = _live_buffers(graph, nodes)
     steps, current = [], None
@@ -285,7 +287,8 @@ def build_program(graph, options=None) -> Program:
             continue
         if isinstance(buf, ir.ComputedBuffer):
             node = nodes[buf.name]
-            if current is None or not try_fuse(current, node, (options or {}).get("epilogue_fusion", True)):
+            if current is None or (can_fuse is not None and not can_fuse(current, node)) or not try_fuse(
+                    current, node, (options or {}).get("epilogue_fusion", True)):
                 current = Kernel(f"kernel{len(steps)}", [node], node.numel, node.rnumel)
                 steps.append(current)
         elif isinstance(buf, ir.ExternBuffer) and buf.call.name not in extern_seen:

@@ -22,7 +22,7 @@ def fix_layout(t, size, stride):
     """An extern result with the layout kernels were compiled for (aten almost always agrees)."""
     if t.stride() == stride or t.numel() <= 1:
         return t
-    return torch.empty_strided(size, stride, dtype=t.dtype).copy_(t)
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 class _Source:
@@ -53,8 +53,9 @@ class _Source:
         return self.constant(value, "c")
 
 
-def build(program, entries, lib, memory, num_inputs, symbols=None):
-    """Returns (callable(*inputs) -> tuple, the wrapper's source). `memory`: the memory_plan's
+def build(program, compiled, memory, num_inputs, symbols=None):
+    """Returns (callable(*inputs) -> tuple, the wrapper's source). `compiled`: each kernel backend's
+    `CompiledKernels` (codegen/backend), which writes the calls of its entries; `memory`: the memory_plan's
     MemoryPlan; `symbols`: {size symbol: Python source reading it from the inputs}, bound first on
     each call (dynamic shapes)."""
     src = _Source()
@@ -64,6 +65,7 @@ def build(program, entries, lib, memory, num_inputs, symbols=None):
     src.globals.setdefault("math", math)  # size expressions may print math.floor/ceil
     float_names = {s.name for s in symbols or () if not s.is_integer}
     ws_size = memory.workspace_bytes
+    entries = [e for c in compiled for e in c.entries]
     for name, buf in buffers.items():
         if isinstance(buf, ir.ConstantBuffer):
             src.line(f"{name} = {src.constant(buf.value, 'attr')}")
@@ -72,7 +74,7 @@ def build(program, entries, lib, memory, num_inputs, symbols=None):
         src.line("ws_ptr = ws.data_ptr()")
     elif any(e.uses_workspace for e in entries):
         src.line("ws_ptr = None  # an empty workspace (zero-size buffers): NULL, never read")
-    entry_of = {id(e.kernels[0]): e for e in entries}
+    entry_of = {id(e.kernels[0]): (c, e) for c in compiled for e in c.entries}
     # extern results whose strides the compiled code relies on: read by kernels, or re-viewed with
     # as_strided (by a later extern or as an output). aten may return other strides than the trace
     # saw (e.g. flash attention's output follows its inputs' layout, and kiln may hand it buffers
@@ -91,7 +93,7 @@ def build(program, entries, lib, memory, num_inputs, symbols=None):
     workspace_until = max((step_index[id(e.kernels[-1])] for e in entries if e.uses_workspace), default=None)
     for k, step in enumerate(program.steps):
         if isinstance(step, Kernel):
-            entry = entry_of.get(id(step))
+            compiled, entry = entry_of.get(id(step), (None, None))
             if entry is None:
                 continue  # a later kernel of an entry already called
             for kernel in entry.kernels:
@@ -100,21 +102,10 @@ def build(program, entries, lib, memory, num_inputs, symbols=None):
                         src.line(f"{n.name} = {_same_memory(memory.inplace[n.name], buffers, n.layout)}")
                     elif storage[n.name] in ("output", "tensor"):
                         layout = n.layout
+                        device = "" if layout.device == ir.CPU else f", device={src.constant(layout.device, 'device')}"
                         src.line(f"{n.name} = empty_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
-                                 f"dtype={src.literal(layout.dtype)})")
-            fn = getattr(lib, entry.name)
-            fn.argtypes = ([ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
-                           + [ctypes.c_double if name in float_names else ctypes.c_int64 for name in entry.sizes]
-                           + [ctypes.c_void_p] * bool(entry.checks))
-            fn.restype = None
-            call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
-                         + list(entry.sizes))
-            if entry.checks:  # a failed check in the kernels reports (code, index, bound) here
-                src.line("err = (ctypes.c_int64 * 3)()")
-                call_args.append("ctypes.addressof(err)")
-            src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
-            if entry.checks:
-                _raise_failed_check(src, entry.checks)
+                                 f"dtype={src.literal(layout.dtype)}{device})")
+            compiled.emit_call(src, entry, float_names)
             done = range(k, step_index[id(entry.kernels[-1])] + 1)
         else:
             _extern(src, step, buffers, kernel_read)
@@ -148,7 +139,7 @@ def _same_memory(name, buffers, layout):
     return f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)})"
 
 
-def _raise_failed_check(src, sites):
+def raise_failed_check(src, sites):
     """After an entry returns: raise the error of the check that failed, if one did (its code is in
     err[0], the index and bound it saw in err[1:]); see codegen/cpp_memory."""
     src.line("if err[0]:")

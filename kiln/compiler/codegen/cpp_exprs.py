@@ -9,6 +9,7 @@ import torch
 
 from kiln.compiler import ir
 from kiln.compiler.codegen.cpp_prelude import VECTOR_LIBM, VECTOR_LIBM_BINARY
+from kiln.compiler.codegen.index_print import IndexSpelling, LoopExprPrinter, print_index
 
 # storage types. bool tensors are read as bytes (a load is `byte != 0`): gcc 12 vectorizes no loop
 # that loads a `bool` (a causal or padding mask beside float math: softmax rows ran scalar)
@@ -44,33 +45,11 @@ def cindex(e):
     """A sympy integer expression as C++ (int64 arithmetic). Sizes and indices are never negative,
     so the floor divisions and remainders of ShapeEnv expressions (FloorDiv, PythonMod, ...) are
     C's / and %."""
-    if e.is_Integer:
-        return f"{int(e)}LL" if abs(int(e)) >= 2**31 else str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if e.is_Add:
-        return "(" + " + ".join(cindex(a) for a in e.args) + ")"
-    if e.is_Mul:
-        return "(" + " * ".join(cindex(a) for a in e.args) + ")"
-    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([cindex(e.base)] * int(e.exp)) + ")"
-    kind = type(e).__name__
-    args = [cindex(a) for a in e.args]
-    if kind in ("Mod", "PythonMod"):
-        return f"({args[0]} % {args[1]})"
-    if kind in ("FloorDiv", "CleanDiv"):
-        return f"({args[0]} / {args[1]})"
-    if kind == "ModularIndexing":  # (a / b) % c
-        return f"(({args[0]} / {args[1]}) % {args[2]})"
-    if kind == "PowByNatural":
-        return f"kiln_ipow<int64_t>({args[0]}, {args[1]})"
-    if kind in ("Min", "Max"):
-        fn = "kiln_imin" if kind == "Min" else "kiln_imax"
-        out = args[0]
-        for a in args[1:]:
-            out = f"{fn}({out}, {a})"
-        return out
-    raise NotImplementedError(f"index expression {e}")
+    return print_index(e, CPP_INDEX)
+
+
+CPP_INDEX = IndexSpelling(divide="/", minimum="kiln_imin", maximum="kiln_imax", power="kiln_ipow<int64_t>({0}, {1})",
+                          big_suffix="LL", unsupported=NotImplementedError)
 
 
 UNARY_CALLS = {name: f"std::{name}" for name in ("sqrt", "floor", "ceil", "trunc", "lgamma")}
@@ -86,7 +65,7 @@ BINARY_CALLS = {"maximum": "kiln_max", "minimum": "kiln_min",
                 "fmod": "kiln_fmod", "ipow": "kiln_ipow"}
 
 
-class ExprPrinter:
+class ExprPrinter(LoopExprPrinter):
     """Prints Exprs into `lines` as typed temporaries, sharing equal subexpressions."""
 
     def __init__(self, lines, indent, memory, locals_, rows=None, outer_values=()):
@@ -107,15 +86,7 @@ class ExprPrinter:
         return name
 
     def index(self, e, extra=None):
-        mapping = dict(self.mapping)
-        mapping.update(extra or {})
-        return cindex(sympy.expand(e.xreplace(mapping)))
-
-    def expr(self, e):
-        key = (id(e), tuple(sorted(self.mapping.items(), key=str)))
-        if key not in self.memo:
-            self.memo[key] = self._print(e)
-        return self.memo[key]
+        return cindex(self.mapped(e, extra))
 
     def _print(self, e):
         ctype = compute_ctype(e.dtype)

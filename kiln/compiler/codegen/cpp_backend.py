@@ -1,0 +1,40 @@
+"""The C++/OpenMP kernel backend: kernels on CPU memory, one translation unit per graph (codegen/cpp),
+built and loaded with ctypes (build.py), each entry called from the wrapper with data pointers."""
+import ctypes
+
+from kiln.compiler.codegen.backend import CompiledKernels, KernelBackend
+
+
+class CppBackend(KernelBackend):
+    name = "cpp"
+
+    def reaches(self, device):
+        return device.type == "cpu"  # raw pointers into host memory: nothing else
+
+    def compile(self, program, memory, options, symbols, kernels):
+        from kiln.compiler.build import load_library
+        from kiln.compiler.codegen import cpp
+        source, entries = cpp.generate(program, memory, options, symbols, kernels)
+        lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
+
+        def emit_call(src, entry, float_names):
+            _emit_call(src, lib, entry, float_names)
+        return CompiledKernels(self.name, entries, source, emit_call, getattr(lib, "_name", None))
+
+
+def _emit_call(src, lib, entry, float_names):
+    """One ctypes call of a native entry: pointers, the workspace, size symbols, the error slot."""
+    from kiln.compiler.wrapper import raise_failed_check
+    fn = getattr(lib, entry.name)
+    fn.argtypes = ([ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
+                   + [ctypes.c_double if name in float_names else ctypes.c_int64 for name in entry.sizes]
+                   + [ctypes.c_void_p] * bool(entry.checks))
+    fn.restype = None
+    call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
+                 + list(entry.sizes))
+    if entry.checks:  # a failed check in the kernels reports (code, index, bound) here
+        src.line("err = (ctypes.c_int64 * 3)()")
+        call_args.append("ctypes.addressof(err)")
+    src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
+    if entry.checks:
+        raise_failed_check(src, entry.checks)

@@ -1,0 +1,271 @@
+"""The device seam and the Triton kernel backend.
+
+The seam (no Triton needed): a buffer's device picks its kernel backend; the C++ backend never
+sees another device's memory (proven with fake CUDA tensors, which need no GPU), and a device with
+no backend runs through aten. The Triton backend runs here under Triton's interpreter
+(TRITON_INTERPRET=1), on CPU tensors sent to it with device_backend={"cpu": "triton"}; eager is
+the oracle, and each test checks the graph really ran as Triton kernels (no whole-graph fallback).
+"""
+import contextlib
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import kiln
+from kiln.compiler import aot, compile_fx
+from kiln.compiler.codegen import backend as backend_mod
+from kiln.compiler.codegen import cpp
+from kiln.compiler.codegen.triton_libm import interpreting
+from kiln.compiler.lower import GraphLowering
+from kiln.compiler.memory_plan import plan_memory
+from kiln.compiler.schedule import Kernel, build_program
+from kiln.config import compiler_options
+
+TRITON = {"device_backend": {"cpu": "triton"}, "graph_cache": False}
+
+
+def lower_fake(fn, inputs, options):
+    """The scheduled program of `fn` over fake inputs (fake CUDA tensors need no GPU)."""
+    gm = torch.fx.symbolic_trace(fn)
+    aten = aot.trace_aten(gm, inputs)
+    graph = GraphLowering(aten.gm, inputs, options).run()
+    return graph, build_program(graph, options, graph.backends.can_fuse)
+
+
+def mixed_inputs():
+    with FakeTensorMode():
+        return [torch.empty(4, 8, device="cuda"), torch.empty(4, 8)]
+
+
+def mixed_fn(x, y):
+    return (x * 2).softmax(-1), (y + 1).sin().sum(0)
+
+
+# ---- the seam ------------------------------------------------------------------------------------
+
+def test_cuda_ops_run_through_aten_when_cuda_has_no_backend():
+    options = compiler_options(options={"device_backend": {"cuda": "cpp"}})  # cpp cannot reach cuda memory
+    graph, program = lower_fake(mixed_fn, mixed_inputs(), options)
+    kernels = [s for s in program.steps if isinstance(s, Kernel)]
+    assert kernels and all(n.layout.device.type == "cpu" for k in kernels for n in k.nodes)
+    assert any("softmax" in f or "mul" in f for f in graph.fallbacks), graph.fallbacks
+    source, _ = cpp.generate(program, plan_memory(program), options)
+    assert "arg0" not in source  # the CUDA input is no argument of any C++ entry
+
+
+def test_cuda_kernels_go_to_their_own_backend_never_to_cpp(monkeypatch):
+    # pretend Triton reaches CUDA here: the CUDA part becomes kernels on cuda buffers, fused apart
+    # from the CPU part, and handed to the Triton backend alone
+    from kiln.compiler.codegen.triton_backend import TritonBackend
+    monkeypatch.setattr(TritonBackend, "reaches", lambda self, device: device.type == "cuda")
+    options = compiler_options()
+    graph, program = lower_fake(mixed_fn, mixed_inputs(), options)
+    assert not graph.fallbacks
+    groups = graph.backends.by_backend(program)
+    devices = {b.name: {n.layout.device.type for k in kernels for n in k.nodes} for b, kernels in groups}
+    assert devices == {"triton": {"cuda"}, "cpp": {"cpu"}}
+    cuda_kernel = next(k for b, ks in groups if b.name == "triton" for k in ks)
+    with pytest.raises(AssertionError, match="device cuda"):  # the C++ writer's own check, if the seam failed
+        cpp.generate(program, plan_memory(program), options, kernels=[cuda_kernel])
+
+
+def test_a_backend_is_never_used_for_a_device_it_cannot_reach():
+    backends = backend_mod.DeviceBackends(compiler_options(options={"device_backend": {"meta": "cpp"}}))
+    assert backends.for_device(torch.device("meta")) is None
+    assert backends.for_device(torch.device("cpu")).name == "cpp"
+
+
+def test_meta_graph_mapped_to_cpp_still_runs_through_aten():
+    x = torch.empty(4, 5, device="meta")
+    compiled = compile_fx(torch.fx.symbolic_trace(lambda x: (x * 2).exp().sum(-1)), [x],
+                          compiler_options(options={"device_backend": {"meta": "cpp"}, "graph_cache": False}))
+    out = compiled(x)
+    assert out.device.type == "meta" and out.shape == (4,)
+    assert not compiled.kiln_kernels
+
+
+def test_unknown_backend_name_is_refused_where_given():
+    with pytest.raises(kiln.InvalidArgument, match="device_backend"):
+        kiln.compile(lambda x: x, options={"device_backend": {"cpu": "opencl"}})
+
+
+# ---- Triton kernels under the interpreter ------------------------------------------------------
+
+@pytest.fixture
+def interpreter():
+    pytest.importorskip("triton")
+    if not interpreting():  # set by conftest before triton loads, when there is no GPU
+        pytest.skip("CPU tensors reach Triton kernels only under its interpreter (TRITON_INTERPRET=1)")
+
+
+@contextlib.contextmanager
+def no_whole_graph_fallback():
+    """Fails if a graph compiled inside runs through aten as a whole (a kernel Triton could not emit)."""
+    import kiln.compiler as compiler
+    original = compiler._run_through_aten
+
+    def refuse(gm):
+        raise AssertionError("the graph ran through aten, not Triton kernels")
+    compiler._run_through_aten = refuse
+    try:
+        yield
+    finally:
+        compiler._run_through_aten = original
+
+
+def run_triton(fn, *args, dynamic=False, atol=None, rtol=None):
+    """Compile `fn` with its CPU graphs sent to Triton; check against eager and that kernels ran."""
+    kiln.reset()
+    expected = fn(*[a.clone() for a in args])
+    compiled = kiln.compile(fn, options=TRITON, dynamic=dynamic, fullgraph=True)
+    with no_whole_graph_fallback():
+        got = compiled(*args)
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True)
+    return got
+
+
+def triton_source(fn, *args):
+    gm = torch.fx.symbolic_trace(fn)
+    compiled = compile_fx(gm, list(args), compiler_options(options=TRITON))
+    assert "@triton.jit" in compiled.kiln_source and "<whole graph>" not in compiled.kiln_fallbacks
+    return compiled
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: (x * 2).sin() + x.t().cos(),
+    # masked-off lanes read 0: lgamma's pole there must not fail the kernel
+    lambda x: torch.where(x > 0, x.exp(), torch.tanh(x)) - torch.log1p(x.abs()) + torch.lgamma(x.abs()),
+    lambda x: torch.nn.functional.gelu(x) * torch.sigmoid(x[:, :1]),
+], ids=["chain_with_transpose", "where_exp_tanh", "gelu_broadcast"])
+def test_pointwise(interpreter, fn):
+    x = torch.randn(37, 37)
+    triton_source(fn, x)
+    run_triton(fn, x)
+
+
+@pytest.mark.parametrize("cols", [70, 3000], ids=["persistent", "looped"])
+def test_softmax_and_layer_norm(interpreter, cols):
+    x = torch.randn(6, cols)
+    w, b = torch.randn(cols), torch.randn(cols)
+    fn = lambda x, w, b: (torch.softmax(x, -1), torch.nn.functional.layer_norm(x, (cols,), w, b))  # noqa: E731
+    triton_source(fn, x, w, b)
+    run_triton(fn, x, w, b)
+
+
+def test_reductions_keep_eager_nan_and_dtype_rules(interpreter):
+    x = torch.randn(9, 50)
+    x[2, 7] = float("nan")
+    fn = lambda x: (x.amax(-1), x.amin(0), x.sum(-1, dtype=torch.float64), (x > 0).any(-1),  # noqa: E731
+                    (x > -3).all(0), x.prod(-1), x.to(torch.int64).sum(0))
+    run_triton(fn, x)
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_arg_reductions_pick_the_first_and_nan_as_eager(interpreter, looped, monkeypatch):
+    from kiln.compiler.codegen import triton_kernels
+    if looped:  # small blocks: the interpreter's reduce with a combine function is slow on wide ones
+        monkeypatch.setattr(triton_kernels, "PERSISTENT_RBLOCK", 16)
+        monkeypatch.setattr(triton_kernels, "LOOPED_RBLOCK", 16)
+    x = torch.randint(-3, 3, (7, 50)).float()  # many ties
+    x[2, 5] = x[2, 40] = float("nan")
+    x[4] = float("-inf")
+    fn = lambda x: (x.argmax(-1), x.argmin(-1), x.max(0), x.to(torch.int64).argmax(0))  # noqa: E731
+    run_triton(fn, x)
+
+
+def test_max_pool_indices(interpreter):
+    x = torch.randn(2, 3, 9, 9)
+    x[0, 1, 2, 2] = float("nan")
+    x[1, 0, :4, :4] = float("-inf")
+    fn = lambda x: torch.nn.functional.max_pool2d(x, 3, 2, padding=1, return_indices=True)  # noqa: E731
+    run_triton(fn, x)
+
+
+def test_whole_tensor_sum_loops_over_blocks(interpreter):
+    run_triton(lambda x: (x.sum(), x.abs().max()), torch.randn(20000), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_dtypes_compute_in_float32_and_round_as_eager(interpreter, dtype):
+    x = torch.randn(8, 100).to(dtype)
+    run_triton(lambda x: ((x * 3 + 1).softmax(-1), x.sum(-1), (x * 1.7).exp()), x)
+
+
+def test_integer_division_and_remainder_floor_like_eager(interpreter):
+    a = torch.arange(-20, 20).repeat(3)
+    b = torch.tensor([-3, 3, 7]).repeat_interleave(40)
+    run_triton(lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")), a, b)
+
+
+def test_symbolic_sizes_are_kernel_arguments(interpreter):
+    fn = lambda x: torch.softmax(x * 2, -1).sum(0)  # noqa: E731
+    kiln.reset()
+    compiled = kiln.compile(fn, options=TRITON, dynamic=True)
+    for rows, cols in ((3, 40), (5, 77), (2, 1500)):
+        x = torch.randn(rows, cols)
+        with no_whole_graph_fallback():
+            torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_scans_walk_in_order_as_eager(interpreter):
+    x = torch.randn(5, 9, 4)
+    x[1, 3, 2] = float("nan")
+    fn = lambda x: ((x + 1).cumsum(1), x.cumprod(-1), x.cummax(1), x.cummin(0),  # noqa: E731
+                    torch.logcumsumexp(x, 2), x.to(torch.bfloat16).cumsum(1))
+    run_triton(fn, x)
+
+
+def test_scatters_write_in_eager_order_and_check_positions(interpreter):
+    x, i = torch.randn(5, 9), torch.tensor([[0, 2, 2, 1]])
+    fn = lambda x, i: ((x + 1).scatter_add(1, i.expand(5, 4), x[:, :4]),  # noqa: E731
+                       x.scatter(1, i.expand(5, 4), x[:, 4:8] * 2),
+                       x.scatter_reduce(1, i.expand(5, 4), x[:, :4], "amax", include_self=False),
+                       x.index_put((torch.tensor([4, 0, 4]),), x[:3] * 3, accumulate=True),
+                       torch.slice_scatter(x, x[:, :3] * 2, 1, 2, 8, 2))
+    run_triton(fn, x, i)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        kiln.compile(lambda x, i: x.scatter_add(1, i, x[:, :2]), options=TRITON)(x, torch.tensor([[0, 9]] * 5))
+
+
+def test_what_triton_cannot_emit_runs_through_aten(interpreter):
+    # a float floor division has no Triton kernel yet: the graph runs through aten, with eager's answer
+    x = torch.randn(5, 9)
+    fn = lambda x: (x * 3) // 0.7  # noqa: E731
+    compiled = compile_fx(torch.fx.symbolic_trace(fn), [x], compiler_options(options=TRITON))
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert "<whole graph>" in compiled.kiln_fallbacks
+
+
+def test_mutated_input_and_extern_between_kernels(interpreter):
+    def fn(x, w):
+        x.mul_(2)
+        return torch.relu(x @ w + 1).sum(-1)
+    x, w = torch.randn(6, 8), torch.randn(8, 5)
+    x_eager = x.clone()
+    expected = fn(x_eager, w)
+    kiln.reset()
+    with no_whole_graph_fallback():
+        got = kiln.compile(fn, options=TRITON)(x, w)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x, x_eager)
+
+
+def test_indirect_indexing_gathers_and_checks_its_indices(interpreter):
+    table, x = torch.randn(10, 6), torch.randn(4, 10)
+    idx = torch.tensor([[1, 9, -1], [0, 3, 3]])
+    fn = lambda t, x, i: (torch.nn.functional.embedding(i.clamp(min=0), t) * 2,  # noqa: E731
+                          torch.gather(x, 1, i.abs().repeat(2, 1)), t[i] + 1)
+    run_triton(fn, table, x, idx)
+    with pytest.raises(IndexError, match="out of bounds"):
+        kiln.compile(lambda t, i: t[i] * 2, options=TRITON)(table, torch.tensor([2, 10]))
+
+
+def test_device_backend_from_the_environment(monkeypatch):
+    monkeypatch.setenv("KILN_DEVICE_BACKEND", "cpu:triton, cuda:triton")
+    assert dict(compiler_options()["device_backend"]) == {"cpu": "triton", "cuda": "triton"}
+    assert dict(compiler_options(options={"device_backend": {"cpu": "cpp"}})["device_backend"]) == {"cpu": "cpp"}
+    for wrong in ("cpu", "cpu:opencl"):
+        monkeypatch.setenv("KILN_DEVICE_BACKEND", wrong)
+        with pytest.raises(kiln.InvalidArgument):
+            compiler_options()
