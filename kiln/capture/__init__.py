@@ -10,7 +10,8 @@ import types
 
 import torch
 
-from kiln.capture import autograd_function, eager_frames, resume, runtime  # noqa: F401 (they install themselves)
+from kiln.capture import (autograd_function, distributed_models, eager_frames, resume,  # noqa: F401 (they
+                          runtime)  # install themselves)
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):

@@ -1,0 +1,117 @@
+"""Scenarios run on every rank of a process group (see launcher.py): each trains or runs a program
+eagerly and compiled on the same data and returns both results (and graph counts) for the test
+process to compare. Each rank feeds different data, so DDP's all-reduce has something to average.
+"""
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import kiln
+from tests.utils import counting_backend
+
+STEPS = 3
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, width=16, depth=4):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.head = torch.nn.Linear(width, 2)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def _batch(rank, step, width=16):
+    g = torch.Generator().manual_seed(1000 + 10 * rank + step)
+    return torch.randn(8, width, generator=g)
+
+
+def train(wrap, rank, make_model=MLP, steps=STEPS, accumulate=1, batch=_batch):
+    """Train a fresh model (same initial weights on every rank) `steps` SGD steps; `wrap(model)` is
+    what the steps call. With `accumulate` > 1, each step accumulates that many batches, all but the
+    last under the DDP module's no_sync(). Returns losses, gradients before each step and final
+    parameters."""
+    torch.manual_seed(0)
+    model = make_model()
+    run = wrap(model)
+    ddp = _ddp_of(run)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, grads = [], []
+    for step in range(steps):
+        for micro in range(accumulate):
+            sync = micro == accumulate - 1
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                loss = run(batch(rank, step * accumulate + micro)).pow(2).mean()
+                loss.backward()
+            losses.append(loss.detach())
+        grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+    return {"losses": losses, "grads": grads, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def _ddp_of(run):
+    """The DDP module inside `run` (DDP itself, or kiln's wrapper around it)."""
+    return run if isinstance(run, DDP) else getattr(run, "_orig_mod", run)
+
+
+def _compare(rank, wrap_compiled, backend="aot_eager", make_model=MLP, accumulate=1, **ddp_kwargs):
+    eager = train(lambda m: DDP(m, **ddp_kwargs), rank, make_model, accumulate=accumulate)
+    counter = counting_backend(backend)
+    compiled = train(lambda m: wrap_compiled(m, counter, ddp_kwargs), rank, make_model, accumulate=accumulate)
+    return {"eager": eager, "compiled": compiled, "graphs": counter.frame_count}
+
+
+def _outer(m, backend, ddp_kwargs):
+    return kiln.compile(DDP(m, **ddp_kwargs), backend=backend)
+
+
+def _inner(m, backend, ddp_kwargs):
+    return DDP(kiln.compile(m, backend=backend), **ddp_kwargs)
+
+
+class SometimesUnused(torch.nn.Module):
+    """A layer used only when the input's mean is positive: a parameter without a gradient on some
+    steps and ranks (DDP's find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.extra = torch.nn.Linear(16, 16)
+        self.body = MLP()
+
+    def forward(self, x):
+        if x.mean() > 0:  # a data-dependent branch: a graph break either way
+            x = self.extra(x)
+        return self.body(x)
+
+
+def ddp_outer(rank, world):
+    """kiln.compile(DDP(model))."""
+    return _compare(rank, _outer)
+
+
+def ddp_inner(rank, world):
+    """DDP(kiln.compile(model))."""
+    return _compare(rank, _inner)
+
+
+def ddp_outer_inductor(rank, world):
+    return _compare(rank, _outer, backend="inductor")
+
+
+def ddp_no_sync(rank, world):
+    return {"outer": _compare(rank, _outer, accumulate=2), "inner": _compare(rank, _inner, accumulate=2)}
+
+
+def ddp_find_unused(rank, world):
+    return {"outer": _compare(rank, _outer, make_model=SometimesUnused, find_unused_parameters=True),
+            "inner": _compare(rank, _inner, make_model=SometimesUnused, find_unused_parameters=True)}
+
+
+def ddp_static_graph(rank, world):
+    return {"outer": _compare(rank, _outer, static_graph=True), "inner": _compare(rank, _inner, static_graph=True)}
