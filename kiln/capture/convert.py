@@ -30,6 +30,7 @@ from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
+from kiln.distributed import ddp_buckets
 from kiln.exc import BackendCompilerFailed, InternalError, KilnError, Unsupported
 
 _JUMPS = facts.TRUTH_JUMPS
@@ -233,6 +234,7 @@ def _user_autograd_hooks_hidden():
 
 def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
     cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamism)
+    backend = ddp_buckets.backend_for_frame(backend)  # the graph only: resume functions keep `backend`
     result = cap.run()
     og = cap.og
     glue = Glue(og)

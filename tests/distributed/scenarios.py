@@ -60,11 +60,14 @@ def _ddp_of(run):
     return run if isinstance(run, DDP) else getattr(run, "_orig_mod", run)
 
 
-def _compare(rank, wrap_compiled, backend="aot_eager", make_model=MLP, accumulate=1, **ddp_kwargs):
-    eager = train(lambda m: DDP(m, **ddp_kwargs), rank, make_model, accumulate=accumulate)
+def _compare(rank, wrap_compiled, backend="aot_eager", make_model=MLP, accumulate=1, batch=_batch, **ddp_kwargs):
+    eager = train(lambda m: DDP(m, **ddp_kwargs), rank, make_model, accumulate=accumulate, batch=batch)
     counter = counting_backend(backend)
-    compiled = train(lambda m: wrap_compiled(m, counter, ddp_kwargs), rank, make_model, accumulate=accumulate)
-    return {"eager": eager, "compiled": compiled, "graphs": counter.frame_count}
+    compiled = train(lambda m: wrap_compiled(m, counter, ddp_kwargs), rank, make_model, accumulate=accumulate,
+                     batch=batch)
+    params = [sorted(n.name for n in g.graph.find_nodes(op="placeholder") if "parameters" in n.name)
+              for g in counter.graphs]
+    return {"eager": eager, "compiled": compiled, "graphs": counter.frame_count, "params": params}
 
 
 def _outer(m, backend, ddp_kwargs):
@@ -101,7 +104,8 @@ def ddp_inner(rank, world):
 
 
 def ddp_outer_inductor(rank, world):
-    return _compare(rank, _outer, backend="inductor")
+    """kiln's own compiler, each of two bucket graphs compiled for training."""
+    return _compare(rank, _outer, backend="inductor", make_model=_wide, batch=_wide_batch, bucket_cap_mb=0.02)
 
 
 def ddp_no_sync(rank, world):
@@ -115,3 +119,45 @@ def ddp_find_unused(rank, world):
 
 def ddp_static_graph(rank, world):
     return {"outer": _compare(rank, _outer, static_graph=True), "inner": _compare(rank, _inner, static_graph=True)}
+
+
+def _wide():
+    """Layers of 64x64 (16,640 bytes of weight and bias each) and a 64->2 head (520 bytes)."""
+    return MLP(width=64, depth=4)
+
+
+def _wide_batch(rank, step):
+    return _batch(rank, step, width=64)
+
+
+def ddp_buckets(rank, world):
+    """Graphs split at DDP's gradient buckets, for several bucket_cap_mb (in MiB), and in the other
+    wrapping order."""
+    results = {cap_mb: _compare(rank, _outer, make_model=_wide, batch=_wide_batch, bucket_cap_mb=cap_mb)
+               for cap_mb in (1e-6, 0.02, 25)}
+    results["inner"] = _compare(rank, _inner, make_model=_wide, batch=_wide_batch, bucket_cap_mb=0.02)
+    return results
+
+
+def ddp_overlap(rank, world):
+    """The order of events in the backward of the third step: each bucket's all-reduce launch (a DDP
+    comm hook) and the gradient of the input (the very end of the backward). DDP rebuilds its
+    buckets after the first step, so later steps show the split's effect."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def events_of(wrap, cap_mb):
+        torch.manual_seed(0)
+        model = _wide()
+        run = wrap(model, cap_mb)
+        events = []
+        _ddp_of(run).register_comm_hook(None, lambda state, bucket: events.append(f"allreduce {bucket.index()}")
+                                        or allreduce_hook(None, bucket))
+        for step in range(3):
+            events.clear()
+            x = _wide_batch(rank, step).requires_grad_()
+            x.register_hook(lambda g: events.append("input grad"))
+            run(x).pow(2).mean().backward()
+        return list(events)
+    return {"eager": events_of(lambda m, cap: DDP(m, bucket_cap_mb=cap), 0.02),
+            "split": events_of(lambda m, cap: _outer(m, "aot_eager", {"bucket_cap_mb": cap}), 0.02),
+            "one bucket": events_of(lambda m, cap: _outer(m, "aot_eager", {"bucket_cap_mb": cap}), 25)}

@@ -12,7 +12,8 @@ from tests.distributed import launcher
 
 pytestmark = pytest.mark.skipif(not launcher.gloo_available(), reason="torch.distributed with gloo is unavailable")
 
-TWO_RANKS = ["ddp_outer", "ddp_inner", "ddp_outer_inductor", "ddp_no_sync", "ddp_find_unused", "ddp_static_graph"]
+TWO_RANKS = ["ddp_outer", "ddp_inner", "ddp_outer_inductor", "ddp_no_sync", "ddp_find_unused", "ddp_static_graph",
+             "ddp_buckets", "ddp_overlap"]
 FOUR_RANKS = ["ddp_outer", "ddp_inner"]
 
 
@@ -47,9 +48,48 @@ def test_ddp_both_orders_match_eager_on_two_ranks(two_ranks, order):
 
 
 def test_ddp_outer_with_kilns_compiler(two_ranks):
+    """kiln's compiler (forward and backward compiled per bucket graph) trains as eager DDP does."""
     for result in two_ranks["ddp_outer_inductor"]:
         assert_trained_alike(result)
-    assert graphs(two_ranks["ddp_outer_inductor"]) == [1, 1]
+    assert graphs(two_ranks["ddp_outer_inductor"]) == [2, 2]
+
+
+def _layers(*indices):
+    return sorted(f"self_modules_layers_modules_{i}_parameters_{p}" for i in indices for p in ("weight", "bias"))
+
+
+_HEAD = ["self_modules_head_parameters_bias", "self_modules_head_parameters_weight"]
+
+
+@pytest.mark.parametrize("cap_mb, expected", [
+    # a cap below any layer: each layer's graph is a bucket of its own
+    (1e-6, [_layers(0), _layers(1), _layers(2), _layers(3), _HEAD]),
+    # 0.02 MiB = 20,971 bytes; layers hold 16,640 bytes, the head 520: walking back from the output,
+    # head + layer 3 (17,160) is under the cap, so layer 2 joins (33,800); layers 1 and 0 fill the next
+    (0.02, [_layers(0, 1), sorted(_HEAD + _layers(2, 3))]),
+    (25, [sorted(_HEAD + _layers(0, 1, 2, 3))]),
+])
+def test_ddp_graph_split_at_buckets(two_ranks, cap_mb, expected):
+    for result in two_ranks["ddp_buckets"]:
+        assert_trained_alike(result[cap_mb])
+        assert result[cap_mb]["graphs"] == len(expected)
+        assert result[cap_mb]["params"] == expected
+
+
+def test_ddp_inner_order_splits_too(two_ranks):
+    """DDP(kiln.compile(m)): the module compiles inside DDP's forward, so it is split as well."""
+    for result in two_ranks["ddp_buckets"]:
+        assert_trained_alike(result["inner"])
+        assert result["inner"]["params"] == [_layers(0, 1), sorted(_HEAD + _layers(2, 3))]
+
+
+def test_ddp_bucket_allreduce_starts_before_backward_ends(two_ranks):
+    """With the graph split at buckets, the last layers' bucket is all-reduced before the backward
+    reaches the input, as in eager; as one graph, every all-reduce waits for the whole backward."""
+    for events in two_ranks["ddp_overlap"]:
+        assert events["eager"] == ["allreduce 0", "input grad", "allreduce 1"]
+        assert events["split"] == events["eager"]
+        assert events["one bucket"] == ["input grad", "allreduce 0"]
 
 
 @pytest.mark.parametrize("order", ["outer", "inner"])
