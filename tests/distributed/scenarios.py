@@ -161,3 +161,85 @@ def ddp_overlap(rank, world):
     return {"eager": events_of(lambda m, cap: DDP(m, bucket_cap_mb=cap), 0.02),
             "split": events_of(lambda m, cap: _outer(m, "aot_eager", {"bucket_cap_mb": cap}), 0.02),
             "one bucket": events_of(lambda m, cap: _outer(m, "aot_eager", {"bucket_cap_mb": cap}), 25)}
+
+
+def _run_both(fn, *args, backend="aot_eager"):
+    """fn eagerly and compiled on clones of args: results and args after the call of each, and the
+    number of graphs compiled."""
+    eager_args = [a.clone() for a in args]
+    compiled_args = [a.clone() for a in args]
+    expected = _waited(fn(*eager_args))
+    counter = counting_backend(backend)
+    actual = _waited(kiln.compile(fn, backend=counter)(*compiled_args))
+    return {"eager": {"out": expected, "args": eager_args}, "compiled": {"out": actual, "args": compiled_args},
+            "graphs": counter.frame_count}
+
+
+def _waited(t):
+    """Eager functional collectives return an AsyncCollectiveTensor: its value, as a plain tensor."""
+    return t.wait() if hasattr(t, "trigger_wait") else t
+
+
+def _allreduce_inplace(x):
+    y = x * 2
+    dist.all_reduce(y)
+    return y + 1
+
+
+def _allreduce_inplace_max(x):
+    y = x.sin()
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    dist.broadcast(x, src=0)
+    return y * x
+
+
+def _functional_allreduce(x):
+    from torch.distributed import _functional_collectives as funcol
+    y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    return y + 1
+
+
+def _functional_gather_scatter(x):
+    from torch.distributed import _functional_collectives as funcol
+    gathered = funcol.all_gather_tensor(x + 1, 0, dist.group.WORLD)
+    return funcol.reduce_scatter_tensor(gathered * 3, "sum", 0, dist.group.WORLD)
+
+
+def _async_allreduce(x):
+    y = x * 2
+    work = dist.all_reduce(y, async_op=True)
+    work.wait()
+    return y + 1
+
+
+def _gather_scatter_inplace(x):
+    world = dist.get_world_size()
+    gathered = x.new_empty(world * x.shape[0], *x.shape[1:])
+    dist.all_gather_into_tensor(gathered, x.cos())
+    out = torch.empty_like(x)
+    dist.reduce_scatter_tensor(out, gathered * 2, op=dist.ReduceOp.SUM)
+    return out + x
+
+
+def _rank_dependent(x):
+    """Each rank compiles a graph of its own (the rank is a constant to capture); the collective
+    between them still pairs up."""
+    if dist.get_rank() == 0:
+        x = x * 3
+    dist.all_reduce(x)
+    return x.relu()
+
+
+COLLECTIVE_PROGRAMS = {"allreduce_inplace": _allreduce_inplace, "allreduce_max_broadcast": _allreduce_inplace_max,
+                       "functional_allreduce": _functional_allreduce,
+                       "functional_gather_scatter": _functional_gather_scatter,
+                       "gather_scatter_inplace": _gather_scatter_inplace, "async_allreduce": _async_allreduce,
+                       "rank_dependent": _rank_dependent}
+
+
+def collectives(rank, world):
+    x = torch.arange(8.0).reshape(4, 2) + rank
+    results = {name: _run_both(fn, x) for name, fn in COLLECTIVE_PROGRAMS.items()}
+    for name in ("allreduce_inplace", "functional_gather_scatter", "gather_scatter_inplace"):
+        results[name + " inductor"] = _run_both(COLLECTIVE_PROGRAMS[name], x, backend="inductor")
+    return results
