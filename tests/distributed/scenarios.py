@@ -243,3 +243,17 @@ def collectives(rank, world):
     for name in ("allreduce_inplace", "functional_gather_scatter", "gather_scatter_inplace"):
         results[name + " inductor"] = _run_both(COLLECTIVE_PROGRAMS[name], x, backend="inductor")
     return results
+
+
+class Checkpointed(MLP):
+    """The hidden layers run under torch.utils.checkpoint (non-reentrant, as DDP recommends)."""
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(lambda t, layer=layer: torch.tanh(layer(t)), x, use_reentrant=False)
+        return self.head(x)
+
+
+def ddp_checkpoint(rank, world):
+    return {"outer": _compare(rank, _outer, make_model=Checkpointed),
+            "inner": _compare(rank, _inner, make_model=Checkpointed)}

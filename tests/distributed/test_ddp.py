@@ -13,7 +13,7 @@ from tests.distributed import launcher
 pytestmark = pytest.mark.skipif(not launcher.gloo_available(), reason="torch.distributed with gloo is unavailable")
 
 TWO_RANKS = ["ddp_outer", "ddp_inner", "ddp_outer_inductor", "ddp_no_sync", "ddp_find_unused", "ddp_static_graph",
-             "ddp_buckets", "ddp_overlap"]
+             "ddp_buckets", "ddp_overlap", "ddp_checkpoint"]
 FOUR_RANKS = ["ddp_outer", "ddp_inner"]
 
 
@@ -116,3 +116,16 @@ def test_ddp_both_orders_match_eager_on_four_ranks(four_ranks, order):
     for result in four_ranks[order]:
         assert_trained_alike(result)
     assert graphs(four_ranks[order]) == [1] * 4
+
+
+@pytest.mark.parametrize("order", ["outer", "inner"])
+def test_ddp_with_activation_checkpointing(two_ranks, order):
+    """Each hidden layer under torch.utils.checkpoint in a loop: the checkpoint runs natively with
+    the checkpointed function compiled (a graph per layer: each is guarded on its layer; the
+    recomputation in backward reruns it), and gradients reach DDP's hooks as in eager. (The break
+    inside the loop leaves the loop's frame running eagerly, with its callees compiled; it was 0
+    graphs before checkpoint's function was compiled from eagerly run frames too.)"""
+    results = [r[order] for r in two_ranks["ddp_checkpoint"]]
+    for result in results:
+        assert_trained_alike(result)
+    assert graphs(results) == [4, 4]
