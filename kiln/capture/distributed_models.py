@@ -12,6 +12,11 @@ hooks fire on the parameters' gradient accumulators, as in eager.
 
 The functions on DDP's forward path that reach the wrapped module run as rewritten copies
 (call_sites.py) whose call sites pass through `_Resolver`; everything else they call runs natively.
+
+FSDP2 (`fully_shard`) modules are treated alike: their forward hooks all-gather and free the sharded
+parameters (collectives and storage swaps, with async work), so a call of such a module runs
+`Module._call_impl` natively, hooks included, with the module's own forward compiled. Capture
+breaks at the call (inside the hooks); the break runs the call this way.
 """
 import functools
 import types
@@ -28,10 +33,16 @@ try:
     from torch.nn.parallel import DistributedDataParallel as DDP
 except ImportError:  # a torch built without torch.distributed
     DDP = None
+try:
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # older torch, or no torch.distributed
+    FSDPModule = None
 
 # DDP's functions from its forward down to the call of the wrapped module (the delay-all-reduce
 # path calls `self.module.forward` straight from forward)
 _PATH = (DDP.forward, DDP._run_ddp_forward) if DDP is not None else ()
+# modules whose calls run natively (hooks and all) around their compiled forward
+_NATIVE_CALL_MODULES = tuple(cls for cls in (DDP, FSDPModule) if cls is not None)
 _REWRITTEN = weakref.WeakKeyDictionary()  # Caller -> {function on _PATH: its rewritten copy}
 
 
@@ -43,7 +54,7 @@ def _ddp_forward_breaks(frame, args, kwargs):
 def _compiled_callee(caller, f):
     """What runs in place of `f` when a graph break or a frame running eagerly calls it: a DDP module
     or DDP's own forward runs natively with the wrapped module compiled; None for anything else."""
-    if isinstance(f, DDP) and type(f).__call__ is torch.nn.Module.__call__ and \
+    if isinstance(f, _NATIVE_CALL_MODULES) and type(f).__call__ is torch.nn.Module.__call__ and \
             getattr(f, "_compiled_call_impl", None) is None:
         return types.MethodType(_rewritten(caller, torch.nn.Module._call_impl), f)
     if isinstance(f, types.MethodType) and f.__func__ in _PATH:
@@ -81,12 +92,15 @@ class _Resolver:
             return f
         if isinstance(f, types.MethodType) and f.__func__ in _PATH:
             return types.MethodType(_rewritten(caller, f.__func__), f.__self__)
-        if isinstance(f, torch.nn.Module) and not isinstance(f, DDP):
+        if isinstance(f, _NATIVE_CALL_MODULES):
+            return _compiled_callee(caller, f) or f
+        if isinstance(f, torch.nn.Module):
             return _compiled_module_call(caller, f)
         if isinstance(f, types.MethodType) and isinstance(f.__self__, torch.nn.Module) and \
-                f.__func__ is getattr(type(f.__self__), "forward", None) and \
-                isinstance(f.__func__, types.FunctionType) and not runtime.is_library_function(f.__func__):
-            return functools.partial(caller.call_function, f.__func__, f.__self__)  # self.module.forward(...)
+                f.__func__ is getattr(type(f.__self__), "forward", None) and isinstance(f.__func__, types.FunctionType):
+            # a module's own forward (`_call_impl` calling it, or DDP's `self.module.forward(...)`):
+            # compiled as a frame of its own, torch's modules' too (torch.compile compiles their frames)
+            return functools.partial(caller.call_function, f.__func__, f.__self__)
         return f
 
 

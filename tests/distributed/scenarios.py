@@ -39,7 +39,7 @@ def train(wrap, rank, make_model=MLP, steps=STEPS, accumulate=1, batch=_batch):
     torch.manual_seed(0)
     model = make_model()
     run = wrap(model)
-    ddp = _ddp_of(run)
+    ddp = _ddp_of(run) if accumulate > 1 else None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses, grads = [], []
     for step in range(steps):
@@ -257,3 +257,38 @@ class Checkpointed(MLP):
 def ddp_checkpoint(rank, world):
     return {"outer": _compare(rank, _outer, make_model=Checkpointed),
             "inner": _compare(rank, _inner, make_model=Checkpointed)}
+
+
+def _fsdp(model, mesh=None):
+    """FSDP2: each hidden layer, then the whole model, sharded over the ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _full(params):
+    """Gathered full tensors of FSDP2's sharded parameters (DTensors), so ranks compare whole values."""
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p for p in params]
+
+
+def _train_fsdp(wrap, rank, make_model):
+    result = train(lambda m: wrap(_fsdp(m)), rank, make_model)
+    return {"losses": result["losses"], "grads": [_full(g) for g in result["grads"]], "params": _full(result["params"])}
+
+
+def _compare_fsdp(rank, make_model=MLP, backend="aot_eager"):
+    eager = _train_fsdp(lambda m: m, rank, make_model)
+    counter = counting_backend(backend)
+    compiled = _train_fsdp(lambda m: kiln.compile(m, backend=counter), rank, make_model)
+    return {"eager": eager, "compiled": compiled, "graphs": counter.frame_count}
+
+
+def fsdp(rank, world):
+    """kiln.compile(model) with FSDP2 on each hidden layer and the root: alone, with kiln's compiler,
+    and with each layer under activation checkpointing."""
+    return {"plain": _compare_fsdp(rank), "inductor": _compare_fsdp(rank, backend="inductor"),
+            "checkpoint": _compare_fsdp(rank, make_model=Checkpointed)}
