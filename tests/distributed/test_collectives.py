@@ -17,9 +17,9 @@ EXPECTED_GRAPHS = {
 }
 
 
-@pytest.fixture(scope="module")
-def collectives():
-    return launcher.run(2, ["collectives"])["collectives"]
+@pytest.fixture
+def collectives(two_ranks):
+    return two_ranks["collectives"]
 
 
 @pytest.mark.parametrize("program", sorted(EXPECTED_GRAPHS))

@@ -3,7 +3,7 @@
 Every scenario (tests/distributed/scenarios.py) trains the same model eagerly under DDP and
 compiled, on every rank of a gloo process group over 127.0.0.1, and returns losses, gradients
 and parameters after several SGD steps, and how many graphs kiln compiled on that rank. One
-process-group run serves all the scenarios of a world size (starting processes costs seconds).
+process-group run serves all the scenarios of a world size (conftest.py).
 """
 import pytest
 import torch
@@ -11,20 +11,6 @@ import torch
 from tests.distributed import launcher
 
 pytestmark = pytest.mark.skipif(not launcher.gloo_available(), reason="torch.distributed with gloo is unavailable")
-
-TWO_RANKS = ["ddp_outer", "ddp_inner", "ddp_outer_inductor", "ddp_no_sync", "ddp_find_unused", "ddp_static_graph",
-             "ddp_buckets", "ddp_overlap", "ddp_checkpoint"]
-FOUR_RANKS = ["ddp_outer", "ddp_inner"]
-
-
-@pytest.fixture(scope="module")
-def two_ranks():
-    return launcher.run(2, TWO_RANKS)
-
-
-@pytest.fixture(scope="module")
-def four_ranks():
-    return launcher.run(4, FOUR_RANKS)
 
 
 def assert_trained_alike(result):
@@ -111,7 +97,7 @@ def test_ddp_find_unused_parameters_matches_eager(two_ranks, order):
     assert all(n >= 2 for n in graphs(results))
 
 
-@pytest.mark.parametrize("order", FOUR_RANKS)
+@pytest.mark.parametrize("order", ["ddp_outer", "ddp_inner"])
 def test_ddp_both_orders_match_eager_on_four_ranks(four_ranks, order):
     for result in four_ranks[order]:
         assert_trained_alike(result)

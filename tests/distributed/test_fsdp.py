@@ -13,9 +13,9 @@ from tests.distributed.test_ddp import assert_trained_alike, graphs
 pytestmark = pytest.mark.skipif(not launcher.gloo_available(), reason="torch.distributed with gloo is unavailable")
 
 
-@pytest.fixture(scope="module")
-def fsdp():
-    return launcher.run(2, ["fsdp"])["fsdp"]
+@pytest.fixture
+def fsdp(two_ranks):
+    return two_ranks["fsdp"]
 
 
 @pytest.mark.parametrize("variant, expected_graphs", [
