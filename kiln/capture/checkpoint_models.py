@@ -15,7 +15,7 @@ import functools
 import torch.utils.checkpoint
 
 from kiln.capture import runtime
-from kiln.capture.python_builtins import BUILTIN_HANDLERS
+from kiln.capture.objects import BUILTIN_HANDLERS
 from kiln.exc import Unsupported
 
 _CHECKPOINT = torch.utils.checkpoint.checkpoint

@@ -20,8 +20,7 @@ import types
 
 import torch
 
-from kiln.capture.objects import call_python_function, result_var
-from kiln.capture.python_builtins import BUILTIN_HANDLERS
+from kiln.capture.objects import BUILTIN_HANDLERS, call_python_function, result_var
 from kiln.capture.variables import ConstantVariable, ObjectVariable, Variable, const
 from kiln.exc import Unsupported
 

@@ -26,7 +26,7 @@ import torch
 
 from kiln.capture import runtime
 from kiln.capture.call_sites import CannotRewrite, rewrite_calls
-from kiln.capture.python_builtins import BUILTIN_HANDLERS
+from kiln.capture.objects import BUILTIN_HANDLERS
 from kiln.exc import Unsupported
 
 try:

@@ -602,12 +602,18 @@ def reduce_dims(x, dims):
     return sorted({norm_dim(d, x.ndim) for d in dims})
 
 
+NO_IDENTITY = ("max", "min", "argmax", "argmin")
+
+
 def reduction(ctx, x, dims, keepdim, reduction_type, dtype, value_fn=None, acc_dtype=None):
     """Reduce `x` over `dims`; value_fn(value, full_index) -> the Expr reduced (default: x)."""
     out_dims = [d for d in range(x.ndim) if d not in dims]
     sizes = [ONE if d in dims else x.sizes[d] for d in range(x.ndim)] if keepdim else [x.sizes[d] for d in out_dims]
     reduction_sizes = [x.sizes[d] for d in dims]
     acc_dtype = acc_dtype or calc_dtype(dtype)
+    if reduction_type in NO_IDENTITY and not all(ctx.facts.known(sympy.Ge(s, 1)) for s in reduction_sizes):
+        # eager raises on an empty max/min/argmax; aten raises the same error when the kernel runs
+        raise Fallback(f"{reduction_type} over a dim that may be empty")
 
     def inner(idx, ridx):
         full, it, rit = [], iter(idx), iter(ridx)

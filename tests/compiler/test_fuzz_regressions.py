@@ -277,3 +277,19 @@ def test_pow_by_a_small_constant_rounds_as_eagers_kernel_does(dtype):
     actual, expected = check(fn, lambda: (grid.to(dtype),), exact=False)
     for i in (0, 1):  # bitwise where eager's steps are modelled
         torch.testing.assert_close(actual[i], expected[i], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("program", [lambda x: x.max(), lambda x: x.amax(1), lambda x: x.argmax(),
+                                     lambda x: x.min(0), lambda x: x.amin(1) + 1],
+                         ids=["max", "amax", "argmax", "min_dim", "amin_fused"])
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0)], ids=str)
+def test_max_over_an_empty_dim_raises_as_eager_does(program, shape):
+    # a max/min/argmax over an empty dim has no value: eager raises, kiln's kernel returned -inf/0
+    x = torch.zeros(shape)
+    try:
+        expected = program(x)
+    except (RuntimeError, IndexError) as e:
+        with pytest.raises(type(e)):
+            kiln.compile(program)(x)
+    else:
+        torch.testing.assert_close(kiln.compile(program)(x), expected)
