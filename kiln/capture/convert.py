@@ -25,7 +25,7 @@ from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
 from kiln.capture.objects import const_value
-from kiln.capture.resume import live_locals, resume_code
+from kiln.capture.resume import first_argument_leads, resume_code, resume_locals
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
@@ -423,7 +423,7 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     """`return <resume function at offset>(stack below..., extra..., live locals...)` through the runtime."""
     code = frame.code
     stack_nulls = [isinstance(v, NullVariable) for v in below] + [False] * len(extra)
-    live = [n for n in code.co_varnames if n in live_locals(code, offset) and n in frame.locals]
+    live = [n for n in resume_locals(code, offset) if n in frame.locals]
     stack_vals = [v.expr if isinstance(v, _Native) else glue.value(v) for v in below if not isinstance(v, NullVariable)]
     local_vals = [_local_expr(glue, frame.locals[n]) for n in live]
     for n in code.co_cellvars:
@@ -437,7 +437,10 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)
         closure = f"(F.__closure__ or ()) + ({cells})" if code.co_freevars else f"({cells})"
-    args = "(" + "".join(a + ", " for a in stack_vals + list(extra) + local_vals) + ")"
+    ordered = stack_vals + list(extra) + local_vals
+    if first_argument_leads(code, live):  # (super() reads it from the resume function's first local)
+        ordered = local_vals[:1] + stack_vals + list(extra) + local_vals[1:]
+    args = "(" + "".join(a + ", " for a in ordered) + ")"
     return (f"return {rcache}({glue.const(types.FunctionType, 'FN')}({glue.const(rcode, 'RCODE')}, "
             f"F.__globals__, {rcode.co_name!r}, None, {closure}), {args})")
 

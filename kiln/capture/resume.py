@@ -51,6 +51,25 @@ def live_locals(code, offset):
     return live[index[offset]]
 
 
+def resume_locals(code, offset):
+    """The locals a resume function at `offset` takes: those read at or after it, and, in a method
+    that may call zero-argument super() (it has a `__class__` cell), its first argument, which
+    super() reads implicitly (no instruction names it); in co_varnames order."""
+    live = live_locals(code, offset)
+    first = code.co_varnames[0] if _uses_class_cell(code) else None
+    return [n for n in code.co_varnames if n in live or n == first]
+
+
+def _uses_class_cell(code):
+    return "__class__" in code.co_freevars and code.co_argcount > 0 and code.co_varnames[0] not in code.co_cellvars
+
+
+def first_argument_leads(code, live):
+    """Whether the resume function takes the frame's first argument first, before the stack items:
+    zero-argument super() reads its object from the frame's first local."""
+    return _uses_class_cell(code) and bool(live) and live[0] == code.co_varnames[0]
+
+
 def resume_code(code, offset, stack_nulls, live):
     """A code object taking (non-NULL stack items..., live locals...) that continues `code` at `offset`."""
     made = _CACHE.setdefault(code, dict)
@@ -87,7 +106,8 @@ def resume_code(code, offset, stack_nulls, live):
             i += 1
     prologue.append(Instr("JUMP_FORWARD", label, location=loc))
     new = Bytecode(prologue + body)
-    new.argnames = stack_names + list(live)
+    live = list(live)
+    new.argnames = live[:1] + stack_names + live[1:] if first_argument_leads(code, live) else stack_names + live
     new.argcount = len(new.argnames)
     new.posonlyargcount = new.kwonlyargcount = 0
     new.first_lineno = code.co_firstlineno
