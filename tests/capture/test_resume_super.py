@@ -37,21 +37,20 @@ class InLoopAfterBranch(Base):
         return x
 
 
-def test_super_in_a_resume_function():
-    torch.manual_seed(0)
-    model = AfterBranch()
-    counter = CompileCounter()
-    compiled = kiln.compile(model, backend=counter)
+def _matches_eager_on_both_branches(model, backend, *extra):
+    compiled = kiln.compile(model, backend=backend)
     for sign in (1, -1):  # both sides of the branch: two resume functions
         x = sign * torch.ones(2, 4)
-        torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(compiled(x, *extra), model(x, *extra))
+
+
+def test_super_in_a_resume_function():
+    torch.manual_seed(0)
+    counter = CompileCounter()
+    _matches_eager_on_both_branches(AfterBranch(), counter)
     assert counter.frame_count >= 2
 
 
 def test_super_in_a_resume_function_that_runs_eagerly():
     torch.manual_seed(0)
-    model = InLoopAfterBranch()
-    compiled = kiln.compile(model, backend="eager")
-    for sign in (1, -1):
-        x = sign * torch.ones(2, 4)
-        torch.testing.assert_close(compiled(x, 2), model(x, 2))
+    _matches_eager_on_both_branches(InLoopAfterBranch(), "eager", 2)
