@@ -105,6 +105,12 @@ def _runs_natively(name):
     return handler
 
 
+# the helpers functional collectives call to name and size their process group
+_GROUP_QUESTIONS = () if dist is None else (
+    (c10d, "_get_group_size_by_name"), (c10d, "_resolve_process_group"), (c10d, "_get_default_group"),
+    (funcol, "_resolve_group"), (funcol, "_resolve_group_name"), (funcol, "_group_or_group_name"))
+
+
 def _register():
     captured = {c10d.all_reduce: _in_place(c10d.all_reduce, _all_reduce_into, reduces=True),
                 c10d.all_gather_into_tensor: _in_place(c10d.all_gather_into_tensor, _all_gather_into, reduces=False),
@@ -116,9 +122,10 @@ def _register():
             continue
         answers = name.startswith(("get_", "is_")) or name == "supports_complex"
         BUILTIN_HANDLERS[fn] = _answered_natively(fn) if answers else _runs_natively(name)
-    for fn in (c10d._get_group_size_by_name, c10d._resolve_process_group, c10d._get_default_group,
-               funcol._resolve_group, funcol._resolve_group_name, funcol._group_or_group_name):
-        BUILTIN_HANDLERS[fn] = _answered_natively(fn)
+    for module, name in _GROUP_QUESTIONS:
+        fn = getattr(module, name, None)  # (not every torch version has each)
+        if fn is not None:
+            BUILTIN_HANDLERS[fn] = _answered_natively(fn)
 
 
 if dist is not None and dist.is_available():
