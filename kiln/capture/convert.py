@@ -20,12 +20,12 @@ from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
 from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
-                          library_models, numpy_support, python_builtins, weakref_models)  # their models)
+                          library_models, numpy_support, python_builtins, vmap_models, weakref_models)  # their models)
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
 from kiln.capture.objects import const_value
-from kiln.capture.resume import first_argument_leads, resume_code, resume_locals
+from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
@@ -423,7 +423,7 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     """`return <resume function at offset>(stack below..., extra..., live locals...)` through the runtime."""
     code = frame.code
     stack_nulls = [isinstance(v, NullVariable) for v in below] + [False] * len(extra)
-    live = [n for n in resume_locals(code, offset) if n in frame.locals]
+    live = [n for n in code.co_varnames if n in live_locals(code, offset) and n in frame.locals]
     stack_vals = [v.expr if isinstance(v, _Native) else glue.value(v) for v in below if not isinstance(v, NullVariable)]
     local_vals = [_local_expr(glue, frame.locals[n]) for n in live]
     for n in code.co_cellvars:
@@ -437,10 +437,9 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)
         closure = f"(F.__closure__ or ()) + ({cells})" if code.co_freevars else f"({cells})"
-    ordered = stack_vals + list(extra) + local_vals
-    if first_argument_leads(code, live):  # (super() reads it from the resume function's first local)
-        ordered = local_vals[:1] + stack_vals + list(extra) + local_vals[1:]
-    args = "(" + "".join(a + ", " for a in ordered) + ")"
+    stack_names, params = parameters(code, stack_nulls, live)
+    values = dict(zip(stack_names, stack_vals + list(extra))) | dict(zip(live, local_vals))
+    args = "(" + "".join(values[p] + ", " for p in params) + ")"
     return (f"return {rcache}({glue.const(types.FunctionType, 'FN')}({glue.const(rcode, 'RCODE')}, "
             f"F.__globals__, {rcode.co_name!r}, None, {closure}), {args})")
 
