@@ -52,8 +52,9 @@ def _ddp_forward_breaks(frame, args, kwargs):
 
 
 def _compiled_callee(caller, f):
-    """What runs in place of `f` when a graph break or a frame running eagerly calls it: a DDP module
-    or DDP's own forward runs natively with the wrapped module compiled; None for anything else."""
+    """What runs in place of `f` when a graph break or a frame running eagerly calls it: a DDP or FSDP2
+    module (or DDP's own forward) runs natively with the module's forward, or the module DDP wraps,
+    compiled; None for anything else."""
     if isinstance(f, _NATIVE_CALL_MODULES) and type(f).__call__ is torch.nn.Module.__call__ and \
             getattr(f, "_compiled_call_impl", None) is None:
         return types.MethodType(_rewritten(caller, torch.nn.Module._call_impl), f)
@@ -80,8 +81,9 @@ def _rewritten(caller, fn):
 
 
 class _Resolver:
-    """The call sites of DDP's forward path: the wrapped module is called compiled; DDP's own path
-    continues rewritten; everything else (the reducer, profiler ranges, torch) runs natively."""
+    """The call sites of DDP's forward path and of `Module._call_impl` for DDP and FSDP2 modules: the
+    wrapped module, or the module's own forward, is called compiled; DDP's own path continues
+    rewritten; everything else (the reducer, FSDP's hooks, profiler ranges, torch) runs natively."""
 
     def __init__(self, caller):
         self.caller = weakref.ref(caller)  # the caller owns the copies that hold this resolver
