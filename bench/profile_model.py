@@ -1,6 +1,6 @@
 """Where the time of a compiled call goes: `python -m bench.profile_model MODEL [MODEL ...]`.
 
-For each model (a bench/vision_models name), in one process, one thread by default:
+For each model (a bench/vision_models name, or hf:NAME for a bench/zoo architecture), in one process, one thread by default:
 
 - eager, kiln (and with --torch, torch.compile) timed interleaved: median ms per call and the noise;
 - minor page faults per call (getrusage) and peak bytes allocated during one call (torch.profiler's
@@ -36,7 +36,8 @@ HEAVY_OPS = ("conv", "linear", "addmm", "mm", "bmm", "matmul", "attention", "bad
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.profile_model", description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+")
-    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--size", type=int, default=224, help="image side, or tokens for hf: models")
+    p.add_argument("--scale", type=int, default=2, help="hf: models: hidden size 64 * scale")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=8, help="timed calls per compiler (interleaved)")
@@ -159,22 +160,36 @@ def _describe_kernel(k):
     return f"{k.name}[{k.numel}x{k.rnumel}{reductions}]"
 
 
-def build_model(name, train):
+def build_model(name, args):
+    """(model, (positional inputs, keyword inputs) of one call): a bench/vision_models name, or `hf:NAME` for a bench/zoo
+    architecture (hidden 64 * --scale, --size tokens)."""
+    if name.startswith("hf:"):
+        from bench.zoo import BY_NAME
+        arch = BY_NAME[name[3:]]
+        model = arch.build(args.scale)
+        return (model.train() if args.train else model), ((), arch.inputs(args.size, args.batch))
     from bench.vision_models import MODELS, init_weights
     torch.manual_seed(0)
     model = init_weights(MODELS[name]())
-    return model.train() if train else model.eval()
+    x = torch.randn(args.batch, 3, args.size, args.size)
+    return (model.train() if args.train else model.eval()), ((x,), {})
 
 
-def make_call(model, x, train):
+def make_call(model, inputs, train):
+    args, kwargs = inputs
     if not train:
-        return lambda m: m(x)
+        return lambda m: m(*args, **kwargs)
 
     def step(m):
         for p in model.parameters():
             p.grad = None
-        m(x).square().mean().backward()
+        first_output(m(*args, **kwargs)).square().mean().backward()
     return step
+
+
+def first_output(out):
+    from bench.zoo import first_tensor
+    return first_tensor(out)
 
 
 def compile_kiln(model, freezing):
@@ -265,11 +280,13 @@ def _ms(seconds):
 
 
 def profile_one(name, args):
-    model = build_model(name, args.train)
-    x = torch.randn(args.batch, 3, args.size, args.size)
-    call = make_call(model, x, args.train)
+    model, inputs = build_model(name, args)
+    call = make_call(model, inputs, args.train)
     grad = torch.enable_grad() if args.train else torch.no_grad()
     with grad:
+        if args.torch:  # first: torch.compile edits the model's class, which makes kiln recompile
+            torch_model = compile_torch(model, args.freezing)
+            call(torch_model)
         with GraphRecorder() as recorder:
             begin = clock()
             kiln_model = compile_kiln(model, args.freezing)
@@ -277,8 +294,6 @@ def profile_one(name, args):
             compile_s = clock() - begin
         calls = {"eager": lambda: call(model), "kiln": lambda: call(kiln_model)}
         if args.torch:
-            torch_model = compile_torch(model, args.freezing)
-            call(torch_model)
             calls["torch"] = lambda: call(torch_model)
         for c in calls.values():
             c()
@@ -292,7 +307,7 @@ def profile_one(name, args):
     noise = {n: (statistics.quantiles(s, n=4)[2] - statistics.quantiles(s, n=4)[0]) / 2 / med[n]
              for n, s in samples.items()}
     mode = ("train step" if args.train else "eval") + (", freezing" if args.freezing else "") + f", {args.clock} time"
-    print(f"## {name} ({mode}, {args.batch}x3x{args.size}x{args.size}, {args.threads} thread(s); "
+    print(f"## {name} ({mode}, batch {args.batch}, size {args.size}, {args.threads} thread(s); "
           f"kiln compile + first call {compile_s:.1f} s, {len(recorder.graphs)} graph(s))")
     for n in calls:
         line = f"- {n:6} {_ms(med[n]):>11} ±{noise[n] * 100:.0f}%  {med['eager'] / med[n]:.2f}x of eager"

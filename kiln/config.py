@@ -127,10 +127,13 @@ config = _Config()
 # Compiler options: name -> Option. `kiln.list_options()` lists the names.
 COMPILER_OPTIONS = {
     "epilogue_fusion": Option(True, "fuse pointwise consumers into reductions"),
-    "max_autotune": Option(False, "benchmark candidate kernels and keep the fastest"),
-    "coordinate_descent_tuning": Option(False, "tune kernel parameters by coordinate descent"),
+    "max_autotune": Option(False, "benchmark candidate kernels and keep the fastest (accepted; no effect on "
+                                  "CPU yet: see INERT_OPTIONS)"),
+    "coordinate_descent_tuning": Option(False, "tune kernel parameters by coordinate descent (accepted; no "
+                                               "effect on CPU: see INERT_OPTIONS)"),
     "fallback_random": Option(False, "run random ops through aten so results equal eager under one seed"),
-    "shape_padding": Option(False, "pad matmul shapes to faster sizes"),
+    "shape_padding": Option(False, "pad matmul shapes to faster sizes (accepted; no effect on CPU yet: see "
+                                   "INERT_OPTIONS)"),
     "layout_optimization": Option(True, "run 2-d convolutions of inference graphs on channels-last memory "
                                         "(CPU, oneDNN), their epilogues too; outputs keep eager's layout"),
     "freezing": Option(False, "treat parameters as constants (inference)"),
@@ -138,9 +141,10 @@ COMPILER_OPTIONS = {
                           minimum=1, also=(-1,)),
     "cpp.simdlen": Option(None, "SIMD width hint for generated loops", int, minimum=1, also=(None,)),
     "cpp.min_parallel_work": Option(32768, "elements below which a kernel runs single-threaded", int, minimum=0),
-    "triton.cudagraphs": Option(False, "capture GPU graphs with CUDA graphs"),
+    "triton.cudagraphs": Option(False, "capture GPU graphs with CUDA graphs (GPU only: no effect on CPU)"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
-    "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder"),
+    "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder (accepted; "
+                                         "not drawn yet: see INERT_OPTIONS)"),
     "trace.debug_dir": Option(None, "where trace.enabled writes (default ./kiln_debug)", os.PathLike, also=(None,)),
     "debug": Option(False, "extra checks in the compiler"),
     "debug_bounds_checks": Option(False, "generated kernels check every load and store against their buffer and "
@@ -150,6 +154,26 @@ COMPILER_OPTIONS = {
                                 "lowering and codegen for a graph it compiled before (inference graphs with static "
                                 "sizes)"),
 }
+
+# Options kiln accepts (programs written for torch.compile pass them) but that change nothing it
+# compiles on CPU; each compile that sets one says so in one perf_hints line, with the reason.
+INERT_OPTIONS = {
+    "max_autotune": "kiln has one kernel variant per fused group and calls aten's own CPU matmul and "
+                    "convolution choices (MKL/oneDNN pick their kernels per shape at run time), so there "
+                    "is nothing yet to benchmark against",
+    "coordinate_descent_tuning": "it tunes GPU launch parameters (block sizes, warps); CPU kernels have "
+                                 "none: gcc vectorizes each loop at the machine's width",
+    "shape_padding": "MKL's CPU matmul gains nothing measurable from padded sizes at the shapes kiln "
+                     "sees, and the copies a padded operand needs cost more",
+    "triton.cudagraphs": "CUDA graphs exist only on GPUs; the CPU graph runs as it would without it",
+    "trace.graph_diagram": "the debug folder (trace.enabled) holds the schedule as text; no diagram is drawn",
+}
+
+
+def inert_options_set(options):
+    """[(name, why it does nothing)] for each INERT_OPTIONS entry that `options` turns on."""
+    return [(name, why) for name, why in INERT_OPTIONS.items() if options.get(name)]
+
 
 MODE_OPTIONS = {
     "default": {},

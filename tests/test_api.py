@@ -171,3 +171,22 @@ def test_supported_pythons_include_this_one():
     config_mod = kiln.api.config_mod
     assert config_mod.python_supported()
     assert config_mod.supported_pythons_text() == "3.11, 3.12 and 3.13"
+
+
+@pytest.mark.parametrize("mode, options, named", [
+    ("max-autotune", None, {"max_autotune", "coordinate_descent_tuning", "triton.cudagraphs"}),
+    ("reduce-overhead", None, {"triton.cudagraphs"}),
+    (None, {"shape_padding": True, "trace.graph_diagram": True}, {"shape_padding", "trace.graph_diagram"}),
+    (None, None, set()),
+])
+def test_options_without_effect_on_cpu_say_so(monkeypatch, mode, options, named):
+    """An accepted option that changes nothing on CPU is named in a perf_hints line with its reason,
+    never silently ignored; the program still runs as eager does."""
+    import kiln.compiler as compiler
+    hints = []
+    monkeypatch.setattr(compiler, "log", lambda artifact, msg, *args: hints.append((artifact, msg % args)))
+    x = torch.randn(4, 3)
+    out = kiln.compile(lambda t: torch.relu(t) * 2, mode=mode, options=options)(x)
+    torch.testing.assert_close(out, torch.relu(x) * 2)
+    said = {m.split()[1] for a, m in hints if a == "perf_hints" and m.startswith("option ")}
+    assert said == named

@@ -81,8 +81,10 @@ class InputDynamism:
 
         As in torch.compile, only numbers the caller passes (arguments, the frame's closure, what is
         reached through them) can vary: globals and module attributes are configuration and stay
-        constants (bools too), and dynamic=False keeps everything static."""
-        if type(value) not in (int, float) or self.dynamic is False or not _from_caller(source):
+        constants (bools too), and dynamic=False keeps everything static. So do the int defaults of a
+        function passed in (configuration too: torch.compile specializes them)."""
+        if type(value) not in (int, float) or self.dynamic is False or not _from_caller(source) or \
+                type(value) is int and _from_defaults(source):
             return None
         if value != value or value in (float("inf"), float("-inf")):
             return None  # the ShapeEnv cannot reason about nan and infinities
@@ -133,6 +135,15 @@ def _from_caller(source):
     while isinstance(source, (AttrSource, ItemSource)):
         source = source.base
     return isinstance(source, LocalSource) or isinstance(source, CellSource) and source.cell is None
+
+
+def _from_defaults(source):
+    """Whether `source` is reached through a function's __defaults__ or __kwdefaults__."""
+    while isinstance(source, (AttrSource, ItemSource)):
+        if isinstance(source, AttrSource) and source.name in ("__defaults__", "__kwdefaults__"):
+            return True
+        source = source.base
+    return False
 
 
 def dims_for(dynamic, changed, t, source, frame):

@@ -24,13 +24,14 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unb
 from torch.utils import _pytree as pytree
 
 from kiln.capture import dynamic
-from kiln.capture.guards import GuardSet
+from kiln.capture.guards import GuardSet, module_attribute
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
+from kiln.capture.user_files import is_user_file
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
-from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
-                                    SliceVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable, Variable,
-                                    is_constant)
+from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable,
+                                    RuntimeFunctionVariable, SetVariable, SliceVariable, SymNodeVariable, TensorKey,
+                                    TensorVariable, TupleVariable, Variable, is_constant)
 import torch._guards
 from kiln.exc import Unsupported
 from kiln import torch_compat
@@ -108,6 +109,7 @@ class OutputGraph:
         self._numbers = {}  # Source -> SymNodeVariable of a symbolic number input
         self._by_id = {}  # id(real object) -> Variable, so one object always maps to one Variable
         self._keepalive = []
+        self._runtime_functions = {}  # code -> the RuntimeFunctionVariables of it (distinct objects)
         self._names = set()
         self.code_name = code_name
         self.hook_globals_guarded = False
@@ -203,6 +205,8 @@ class OutputGraph:
             if g and (not is_library_module(value) or isinstance(source, GlobalSource) and source.root):
                 g.id_match(source, value)
             return ObjectVariable(value, source)
+        if g and _made_at_run_time(value):
+            return self._wrap_runtime_function(value, source, g)
         if isinstance(value, (torch.nn.Module, types.FunctionType, types.BuiltinFunctionType, type,
                               types.MethodType, types.MethodWrapperType, types.WrapperDescriptorType,
                               types.MethodDescriptorType, types.CellType)) or callable(value) and _is_library_object(value):
@@ -232,6 +236,15 @@ class OutputGraph:
             g.type_match(source, value)
             g.class_unchanged(type(value))  # what capture reads through the object's class
         return ObjectVariable(value, source, opaque=g is not None)
+
+    def _wrap_runtime_function(self, fn, source, g):
+        g.code_match(source, fn)
+        same_code = self._runtime_functions.setdefault(fn.__code__, [])
+        for other in same_code:  # another object of the same code (one object through two sources: aliases)
+            g.distinct(source, other.source)
+        var = RuntimeFunctionVariable(fn, source, lambda: g.id_match(source, fn))
+        same_code.append(var)
+        return var
 
     def _dict_key(self, key):
         """The key a DictVariable stores for a key of an existing dict (a tensor key: by identity)."""
@@ -631,6 +644,13 @@ def _any_symbolic(tree):
 def _is_numpy_scalar(value):
     np = sys.modules.get("numpy")
     return np is not None and isinstance(value, np.generic) and isinstance(value.item(), (int, float, bool, complex))
+
+
+def _made_at_run_time(value):
+    """A plain function of the user's that the program made at run time (a closure, a lambda, a nested
+    def: its module does not hold it) and gave no attributes of its own."""
+    return type(value) is types.FunctionType and not value.__dict__ and \
+        is_user_file(value.__code__.co_filename) and not module_attribute(value)
 
 
 def _is_library_object(value):

@@ -73,6 +73,14 @@ class GuardSet:
         self.add(source, f"type(v) is {self.ref(type(value), 'T')}",
                  f"type({source!r}) is {type(value).__qualname__}")
 
+    def code_match(self, source, fn):
+        """`source` is a plain function running `fn`'s code, with as many defaults, over the same globals."""
+        check = (f"type(v) is {self.ref(types.FunctionType, 'T')} and v.__code__ is {self.ref(fn.__code__, 'CODE')} "
+                 f"and v.__globals__ is {self.ref(fn.__globals__, 'GD')} and "
+                 f"len(v.__defaults__ or ()) == {len(fn.__defaults__ or ())} and "
+                 f"len(v.__kwdefaults__ or ()) == {len(fn.__kwdefaults__ or ())}")
+        self.add(source, check, f"{source!r} is a function of {fn.__code__.co_qualname}")
+
     def id_match(self, source, value):
         ref = self.ref(value, "ID")
         if ref.endswith("()"):  # a dead referent reads None: `is not None` keeps a None value from passing
@@ -230,11 +238,11 @@ def _held_weakly(value):
     if isinstance(value, types.ModuleType) or not type(value).__weakrefoffset__:
         return False
     if isinstance(value, (type, types.FunctionType)):
-        return not _module_attribute(value)
+        return not module_attribute(value)
     return True
 
 
-def _module_attribute(obj):
+def module_attribute(obj):
     """`obj` is what its module's attribute `obj.__qualname__` holds."""
     name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     found = sys.modules.get(name) if isinstance(name, str) else None

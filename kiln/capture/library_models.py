@@ -7,24 +7,31 @@
   dict.fromkeys, ...), called unbound (`dict.get(d, k)`) or bound to an object capture knows by value:
   on a container capture tracks they run its model (python_builtins.call_method); on a value capture
   knows exactly, a method of the pure table runs natively.
+- Pure library functions (re.sub, struct.pack, int.from_bytes, ...; the table _PURE_FUNCTIONS) on
+  values capture knows run natively, and so do the methods of the immutable values they return (a
+  compiled pattern's sub, a match's group): their results are constants, no graph break.
 
 Imported once by convert.py: each model registers itself in objects.TYPE_MODELS or
 python_builtins.BUILTIN_HANDLERS, so the lower modules never import this one.
 """
+import binascii
 import collections
 import enum
 import inspect
 import os
 import pathlib
+import re
+import struct
 import sys
 import types
+import unicodedata
 
 from kiln.capture import graph_builder, objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
 from kiln.capture.sources import AttrSource
 from kiln.capture.variables import (BaseIterator, ConstantVariable, DictVariable, GeneratorVariable, IteratorVariable, ListVariable,
-                                    DictViewVariable, ObjectVariable, SetVariable, TupleVariable, const)
+                                    DictViewVariable, ObjectVariable, SetVariable, TupleVariable, const, is_constant)
 from kiln.exc import Unsupported
 
 
@@ -277,7 +284,7 @@ class BoundBuiltinMethodModel(TypeModel):
         recv = getattr(fn, "__self__", None)
         cls = next((c for c in type(recv).__mro__ if c in _MODELLED), None)
         if cls is None or isinstance(recv, (type, types.ModuleType)) or not hasattr(cls, fn.__name__):
-            if isinstance(recv, _IMMUTABLE):  # a method of an immutable value (torch.Size.numel): pure
+            if isinstance(recv, _IMMUTABLE) or is_constant(recv):  # of an immutable value (Size.numel, Pattern.sub)
                 return _run_natively(frame, fn, fn.__name__, args, kwargs)
             return super().call(frame, var, args, kwargs)
         source = objects.AttrSource(var.source, "__self__") if var.source is not None else None
@@ -285,7 +292,25 @@ class BoundBuiltinMethodModel(TypeModel):
         return call_builtin_method(frame, cls, fn.__name__, recv_var, list(args), kwargs)
 
 
+# ---- pure library functions -----------------------------------------------------------------------
+# Their result depends only on their arguments, and they change nothing the program can see (re's cache
+# of compiled patterns is invisible): not the ones that hand out iterators (re.finditer).
+_PURE_FUNCTIONS = (re.compile, re.sub, re.subn, re.match, re.fullmatch, re.search, re.split, re.findall, re.escape,
+                   struct.pack, struct.unpack, struct.unpack_from, struct.calcsize, unicodedata.normalize,
+                   unicodedata.category, unicodedata.name, unicodedata.lookup, unicodedata.east_asian_width,
+                   binascii.hexlify, binascii.unhexlify, int.from_bytes, float.fromhex,
+                   bytes.fromhex, str.maketrans, bytes.maketrans)
+
+
+def _pure_function(fn):
+    name = f"{getattr(fn, '__module__', None) or type(fn.__self__).__name__}.{fn.__name__}"
+    return lambda frame, args, kwargs: _run_natively(frame, fn, name, args, kwargs)
+
+
+BUILTIN_HANDLERS.update({fn: _pure_function(fn) for fn in _PURE_FUNCTIONS})
 objects.TYPE_MODELS[types.BuiltinMethodType] = BoundBuiltinMethodModel()
+objects.TYPE_MODELS[type(re.compile("").sub)] = BoundBuiltinMethodModel()  # `builtin_method`: a C method that
+# receives its defining class (METH_METHOD), a subclass of the above
 objects.TYPE_MODELS[types.MethodWrapperType] = BoundBuiltinMethodModel()  # (frozenset().__init__, 1 .__add__)
 
 

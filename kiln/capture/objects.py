@@ -25,9 +25,9 @@ from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable
                                     MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, PartialVariable, RealCell, SetVariable, SliceVariable, SuperVariable,
-                                    SymNodeVariable,
-                                    TensorKey, TensorVariable, TupleVariable, const, is_constant)
+                                    ObjectVariable, PartialVariable, RealCell, RuntimeFunctionVariable, SetVariable,
+                                    SliceVariable, SuperVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable,
+                                    const, is_constant)
 from kiln.exc import Unsupported
 
 # The builtins and library functions capture models (fn -> handler(frame, args, kwargs)): python_builtins
@@ -1344,6 +1344,8 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, ExitVariable):
         fn.on_exit()
         return const(None)
+    if isinstance(fn, RuntimeFunctionVariable):  # (guarded by its code: what it is, not which object)
+        return _inline_function(frame, fn.fn, args, kwargs, fn.source)
     if isinstance(fn, (ObjectVariable, ConstantVariable)):
         return _call_value(frame, fn, args, kwargs)
     if (model := VARIABLE_MODELS.get(type(fn))) is not None:
@@ -1440,6 +1442,8 @@ def call_python_function(frame, fn, args, kwargs):
     handler = BUILTIN_HANDLERS.get(fn)  # a Python function capture models instead of inlining
     if handler is not None:
         return handler(frame, args, kwargs)
+    if getattr(fn, "_dynamo_marked_constant", False):  # torch._dynamo.assume_constant_result's mark (what
+        return fold_natively(frame.og, fn, args, kwargs)  # transformers' install probes carry): run it, a constant
     mod = getattr(fn, "__module__", None) or ""
     if mod.split(".")[0] in ("logging", "warnings"):
         raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)")
@@ -1460,19 +1464,27 @@ def _passes_python_callable(args, kwargs):
                isinstance(a, ObjectVariable) and callable(a.value) for a in _leaves(args, kwargs))
 
 
-def _inline_function(frame, fn, args, kwargs):
+def _inline_function(frame, fn, args, kwargs, source=None):
+    """Inline `fn`'s code. Its defaults and closure cells are read, and guarded, through `source` (a
+    function made at run time, guarded by its code) or else through the object itself (guarded by
+    identity), so `fn.__defaults__ = ...` is seen by the guards."""
     og = frame.og
+    base = source if source is not None else ConstSource(fn)
     defaults = None
-    # defaults are reloaded through the function object, so `fn.__defaults__ = ...` is seen by the guards
     if fn.__defaults__:
-        src = AttrSource(ConstSource(fn), "__defaults__")
+        src = AttrSource(base, "__defaults__")
         defaults = [og.wrap(d, ItemSource(src, i)) for i, d in enumerate(fn.__defaults__)]
     kwdefaults = None
     if fn.__kwdefaults__:
-        src = AttrSource(ConstSource(fn), "__kwdefaults__")
+        src = AttrSource(base, "__kwdefaults__")
         kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
     code = original_code(fn.__code__)  # a function made by a frame that ran rewritten (eager_frames)
-    cells = [RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
+    if source is None:
+        cells = [RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
+    else:
+        closure = AttrSource(source, "__closure__")
+        cells = [RealCell(c, AttrSource(ItemSource(closure, i), "cell_contents"))
+                 for i, c in enumerate(fn.__closure__ or ())]
     return frame.inline_call(code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
 
 

@@ -14,6 +14,7 @@ A small set on purpose:
 Values that came from outside carry a Source; see sources.py.
 """
 import collections
+import re
 import types
 
 import torch
@@ -23,7 +24,7 @@ from kiln.exc import Unsupported
 
 _CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), type(NotImplemented),
                    torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, range, slice,
-                   frozenset, types.CodeType)
+                   frozenset, types.CodeType, re.Pattern, re.Match)
 
 
 def is_constant(value):
@@ -105,6 +106,28 @@ class ObjectVariable(Variable):
 
     def __repr__(self):
         return f"Object({type(self.value).__name__} {self.source!r})"
+
+
+class RuntimeFunctionVariable(ObjectVariable):
+    """A plain Python function the program made at run time (a closure, a lambda; no attributes of its
+    own), reached through a source. Guarded by its code and globals, not by which object it is, so a new
+    closure each call reuses the graph: a call reads its defaults and closure cells through the source,
+    each guarded as it is read. Whatever reads `.value` may depend on which object it is (`is`, id(),
+    a native call): that read guards the identity too (`guard_identity`, run once)."""
+
+    def __init__(self, fn, source, guard_identity):
+        self.fn, self.source, self.opaque = fn, source, False
+        self._guard_identity = guard_identity
+
+    @property
+    def value(self):
+        if self._guard_identity is not None:
+            guard, self._guard_identity = self._guard_identity, None
+            guard()
+        return self.fn
+
+    def python_type(self):
+        return types.FunctionType
 
 
 class TensorVariable(Variable):

@@ -9,13 +9,15 @@ generated kernel), `kiln_source` (the C++), `kiln_wrapper` (the Python wrapper),
 import torch
 import torch.utils._pytree as pytree
 
-from kiln.config import compiler_options
+from kiln.config import compiler_options, inert_options_set
 from kiln.debug.logs import log
 
 
 def compile_fx(gm, example_inputs, options=None, inner="cpp"):
     """Compile a torch-level fx graph for `example_inputs`."""
     options = options if options is not None else compiler_options()
+    for name, why in inert_options_set(options):
+        log("perf_hints", "option %s has no effect on CPU: %s", name, why)
     if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
                                     or any(p.requires_grad for p in gm.parameters())):
         from kiln.compiler.training import compile_training

@@ -42,3 +42,24 @@ def test_pointwise_loop_vectorizes(name, tmp_path):
     loop = next(i + 1 for i, line in enumerate(lines) if "for (int64_t x0 = c0;" in line)  # the simd loop
     # gcc names the loop by its header or its first statement
     assert vectorized_lines(compiled.kiln_source, tmp_path) & {loop, loop + 1}
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_masked_softmax_rows_vectorize(window, tmp_path):
+    """Attention's masked softmax: a bool mask (an input, or computed from positions) beside float
+    math. Every row loop of the kernel must vectorize: a `bool` load kept gcc 12 from vectorizing
+    any loop it was in (the rows ran scalar, 4x slower)."""
+    def fn(scores, keep):
+        n = scores.shape[-1]
+        pos = torch.arange(n)
+        if window is not None:
+            keep = keep & (pos[None, :] > pos[:, None] - window) & (pos[None, :] <= pos[:, None])
+        return torch.softmax(torch.tanh(scores / 50.0) * 50.0 + torch.where(keep, 0.0, torch.finfo(torch.float32).min), -1)
+    scores, keep = torch.randn(2, 4, 64, 64), torch.rand(2, 1, 1, 64) > 0.2
+    compiled = compile_fx(torch.fx.symbolic_trace(fn), [scores, keep], {"graph_cache": False})
+    torch.testing.assert_close(compiled(scores, keep), fn(scores, keep))
+    lines = compiled.kiln_source.splitlines()
+    loops = [i + 1 for i, line in enumerate(lines) if "for (int64_t r0 = 0;" in line]
+    assert len(loops) >= 2
+    vectorized = vectorized_lines(compiled.kiln_source, tmp_path)
+    assert all(vectorized & {loop, loop + 1} for loop in loops), (loops, sorted(vectorized))

@@ -10,14 +10,18 @@ import torch
 from kiln.compiler import ir
 from kiln.compiler.codegen.cpp_prelude import VECTOR_LIBM, VECTOR_LIBM_BINARY
 
+# storage types. bool tensors are read as bytes (a load is `byte != 0`): gcc 12 vectorizes no loop
+# that loads a `bool` (a causal or padding mask beside float math: softmax rows ran scalar)
 CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
-    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "uint8_t",
     torch.float16: "_Float16", torch.bfloat16: "uint16_t",
 }
 
 
 def compute_ctype(dtype):
+    if dtype == torch.bool:
+        return "bool"
     return "float" if dtype in ir.HALF_DTYPES else CTYPES[dtype]
 
 
@@ -132,6 +136,8 @@ class ExprPrinter:
                 code = f"(float){code}"
             elif e.dtype == torch.bfloat16:
                 code = f"kiln_bf16_load({code})"
+            elif e.dtype == torch.bool:
+                code = f"({code} != 0)"
             return self.temp(("load", code), ctype, code)
         if e.op == "check_index":  # an index read from a tensor (see lowering_base.index_checker)
             value, bound, what, wraps = e.args

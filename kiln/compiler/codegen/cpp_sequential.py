@@ -208,7 +208,7 @@ def _scatter_point(writer, node, indent, identity):
             lines.append(f"{pad}if (!kiln_in_bounds({name}, {cindex(size)}, {ERROR_FLAG}, {code})) break;")
             bound[position_symbol(k)] = sympy.Symbol(name, integer=True)
     target = cindex(plan.target_index.xreplace(bound))
-    ctype = CTYPES[node.layout.dtype]
+    ctype = compute_ctype(node.layout.dtype)  # a bool sum stays 0/1 in its byte
     if identity:
         lines.append(pad + writer.memory.store(node.name, target, reduction_init(plan.mode, ctype)))
     else:
