@@ -71,6 +71,8 @@ class _Config:
                                                  "recompile with it symbolic"),
         "error_on_unsupported_python": Option(False, "raise instead of running eagerly when the Python version "
                                                      "is not supported"),
+        "optimize_ddp": Option(True, "under DistributedDataParallel, compile each graph as one graph per gradient "
+                                     "bucket, so a bucket's all-reduce overlaps the rest of the backward"),
         "verbose": Option(False, "print a guard-failure reason when recompiling (also under "
                                  "KILN_LOGS=recompiles)"),
     }

@@ -10,7 +10,8 @@ import types
 
 import torch
 
-from kiln.capture import autograd_function, eager_frames, resume, runtime  # noqa: F401 (they install themselves)
+from kiln.capture import (autograd_function, checkpoint_models, collectives_models, distributed_models,  # noqa: F401
+                          eager_frames, resume, runtime)  # (they install themselves)
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):

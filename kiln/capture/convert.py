@@ -30,6 +30,7 @@ from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
+from kiln.distributed import ddp_buckets
 from kiln.exc import BackendCompilerFailed, InternalError, KilnError, Unsupported
 
 _JUMPS = facts.TRUTH_JUMPS
@@ -221,6 +222,7 @@ def compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
 
 def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
     cap = Capture(F, L, code, fullgraph, dynamism, caller)
+    backend = ddp_buckets.backend_for_frame(backend)  # the graph only: resume functions keep `backend`
     result = cap.run()
     og = cap.og
     glue = Glue(og)

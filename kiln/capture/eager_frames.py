@@ -122,6 +122,8 @@ class Callees:
         return None
 
     def function(self, f):
+        if is_library_function(f) and runtime.CALLEE_OVERRIDES:  # library code whose callees still compile
+            return runtime.overridden_callee(self.caller, f) or f
         if is_library_function(f) or compilation_disabled() or is_disabled_function(f) or \
                 original_code(f.__code__).co_name in _COMPREHENSIONS:
             return f
@@ -131,10 +133,14 @@ class Callees:
         func = m.__func__
         if type(func) is not types.FunctionType:
             return m
+        if runtime.CALLEE_OVERRIDES and (override := runtime.overridden_callee(self.caller, m)) is not None:
+            return override
         callee = self.function(func)
         return m if callee is func else types.MethodType(callee, m.__self__)
 
     def module(self, mod):
+        if runtime.CALLEE_OVERRIDES and (override := runtime.overridden_callee(self.caller, mod)) is not None:
+            return override
         cls = type(mod)
         if cls.__call__ is not _MODULE_CALL:
             return self.callable_object(mod)

@@ -1494,7 +1494,8 @@ def _is_torch_op(fn):
     if isinstance(fn, types.FunctionType):
         if not mod.startswith("torch"):
             return False
-        if mod.startswith(("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim", "torch.distributions")):
+        if mod.startswith(("torch.nn.modules", "torch.utils", "torch.autograd", "torch.optim", "torch.distributions",
+                           "torch.distributed")):  # Python over ops and process groups: followed, not one node
             return False
         return "." not in fn.__qualname__ or mod == "torch._tensor"
     if isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):

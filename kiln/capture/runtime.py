@@ -297,6 +297,20 @@ def _caller_code(target):
         return make()
 
 
+# Library callables that run natively but whose calls into the program still compile (DDP's
+# forward): functions (caller, f) -> what to call in f's place, or None; modules that model such a
+# library append theirs (distributed_models).
+CALLEE_OVERRIDES = []
+
+
+def overridden_callee(caller, f):
+    for override in CALLEE_OVERRIDES:
+        found = override(caller, f)
+        if found is not None:
+            return found
+    return None
+
+
 class Caller:
     """Calls made natively at a graph break: Python callees go through the runtime (so they are
     compiled as frames of their own), everything else is called as is."""
@@ -308,6 +322,8 @@ class Caller:
     def __call__(self, fn, /, *args, **kwargs):
         if compilation_disabled() or is_disabled_function(fn):
             return fn(*args, **kwargs)
+        if CALLEE_OVERRIDES and (override := overridden_callee(self, fn)) is not None:
+            return override(*args, **kwargs)
         target, pre = fn, ()
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, pre = fn.__func__, (fn.__self__,)

@@ -9,7 +9,7 @@ import os
 import sys
 
 ARTIFACTS = ("graph_breaks", "guards", "recompiles", "graph", "graph_code", "dynamic",
-             "perf_hints", "output_code", "bytecode", "aot", "schedule")
+             "perf_hints", "output_code", "bytecode", "aot", "schedule", "ddp")
 
 _enabled = set()
 _handler = logging.StreamHandler(sys.stderr)
