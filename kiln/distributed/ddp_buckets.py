@@ -26,6 +26,7 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from kiln import config as config_mod
+from kiln.capture import autograd_hooks
 from kiln.debug.logs import enabled, log
 from kiln.exc import BackendCompilerFailed
 
@@ -134,8 +135,7 @@ class _CompiledOnFirstCall(torch.nn.Module):
 
     def _compile(self, example_inputs):
         try:
-            # the program's saved-tensor hooks are for its own ops, not for the backend's tracing
-            with torch.autograd.graph.saved_tensors_hooks(_unchanged, _unchanged):
+            with autograd_hooks.hidden():  # the program's saved-tensor hooks are for its own ops
                 return self.backend(self.gm, example_inputs)
         except Exception as e:
             if not config_mod.config.suppress_errors:
@@ -144,6 +144,3 @@ class _CompiledOnFirstCall(torch.nn.Module):
                           f"one DDP bucket's graph runs eagerly")
             return self.gm.forward
 
-
-def _unchanged(t):
-    return t
