@@ -18,7 +18,7 @@ import torch.fx
 from kiln import config as config_mod
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
-from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
+from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
                           library_models,
                           numpy_support, weakref_models)  # their models)

@@ -23,7 +23,6 @@ import torch
 from kiln import config as config_mod
 from kiln.capture import dynamic as dynamic_mod, fx_sources, torch_caches
 from kiln.capture.call_sites import original_code
-from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.uninterrupted_imports import imports_not_interrupted
@@ -94,6 +93,7 @@ class CodeCache:
                                   f"hit cache_size_limit={config_mod.config.cache_size_limit}; it now runs eagerly. "
                                   f"Last guard failure: {self._failure_text(F, L)}", RuntimeWarning, stacklevel=4)
                 return None
+            from kiln.capture.convert import EagerCall, EagerFrame, compile_frame  # capture loads on the first miss
             if self.entries:
                 self._log_recompile(F, L)
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
