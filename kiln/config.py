@@ -65,6 +65,9 @@ class _Config:
                                                  "recompile with it symbolic"),
         "error_on_unsupported_python": Option(False, "raise instead of running eagerly when the Python version "
                                                      "is not supported"),
+        "capture_cache": Option(os.environ.get("KILN_CAPTURE_CACHE", "1") != "0",
+                                "keep captured frames (guards, glue, graph) in KILN_CACHE_DIR/capture: a fresh process "
+                                "that meets a frame it compiled before skips capture (KILN_CAPTURE_CACHE=0: off)"),
         "verbose": Option(False, "print a guard-failure reason when recompiling (also under "
                                  "KILN_LOGS=recompiles)"),
     }

@@ -17,11 +17,13 @@ import torch.fx
 
 from kiln import config as config_mod
 from kiln.capture import bytecode_facts as facts
+from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
 from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
                           library_models,
                           numpy_support, weakref_models)  # their models)
+from kiln.capture.cache_entry import CacheEntry
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
@@ -51,19 +53,6 @@ class EagerFrame(Exception):
 class EagerCall(EagerFrame):
     """This call raises a Python exception out of the frame during capture (an assert, a raise on bad
     input): it runs eagerly and raises it, and later calls try capturing again."""
-
-
-class CacheEntry:
-    __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
-                 "input_values", "liveness", "__weakref__")
-
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_values,
-                 liveness):
-        self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
-        self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
-        # (Source, size tuple of a tensor input or value of a number folded in), for automatic dynamic
-        self.input_values = input_values
-        self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
 
 
 class _Break:
@@ -262,7 +251,8 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, _detached(reason), glue_src, guard_src,
-                       og.input_values(), og.guards.liveness)
+                       og.input_values(), og.guards.liveness,
+                       capture_cache.stored_form(og, glue, graph_fn, gm, glue_src, backend, code))
     _log_entry(code, entry, og)
     return entry
 

@@ -22,6 +22,7 @@ import fcntl
 import functools
 import grp
 import hashlib
+import json
 import os
 import pathlib
 import pwd
@@ -311,6 +312,33 @@ def _build(source, cpp_path, so_path, compiler, flags, key):
             os.unlink(tmp_so)
     stats.builds += 1
     log("output_code", "built %s from %s", so_path, cpp_path)
+
+
+def seal(entry):
+    """A JSON-able dict as bytes, a sha256 line in front (read_sealed checks it)."""
+    body = json.dumps(entry).encode()
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def read_sealed(path, fits):
+    """The dict `seal` wrote at `path` if `fits(dict)`, else None: a missing file is a miss; one that
+    is unreadable, damaged or does not fit warns once and is removed, never trusted and never an error."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # a directory in its place, no permission, an I/O error
+        return damaged(path, f"unreadable: {type(e).__name__}: {e}")
+    digest, _, body = data.partition(b"\n")
+    try:
+        if hashlib.sha256(body).hexdigest().encode() != digest:
+            raise ValueError("digest mismatch")
+        entry = json.loads(body)
+        if not isinstance(entry, dict) or not fits(entry):
+            raise ValueError("format or key mismatch")
+        return entry
+    except Exception as e:
+        return damaged(path, str(e))
 
 
 def _write_atomically(path, data):
