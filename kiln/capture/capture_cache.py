@@ -148,10 +148,10 @@ def _read_entries(key):
     folder = build.cache_dir() / "capture" / key[:2] / key
     try:
         paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-    except OSError:
+    except OSError:  # (a file gone between listing and stat: another process replaced it)
         return []
     found = []
-    for path in paths:
+    for path in paths[-config_mod.config.cache_size_limit:]:  # the newest: a cache holds no more in memory
         body = build.read_sealed(path, lambda body: body.get("format") == FORMAT and body.get("key") == key)
         if body is not None:
             found.append(_Stored(path, body["entry"]))
