@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from kiln import config as config_mod
+from kiln.config import config  # (the settings object: `kiln.config` names it once kiln is imported)
 from kiln.backends import registry
 from kiln.capture import portable
 from kiln.capture.cache_entry import CacheEntry
@@ -59,7 +59,7 @@ stats = CaptureCacheStats()
 # ---- storing --------------------------------------------------------------------------------------
 def stored_form(og, glue, graph_fn, gm, glue_src, backend, code):
     """The JSON-able form of a new entry another process can load, or None (logged why)."""
-    if not config_mod.config.capture_cache or _backend_description(backend) is None:
+    if not config.capture_cache or _backend_description(backend) is None:
         return None
     try:
         return _describe_entry(og, glue, graph_fn, gm, glue_src)
@@ -151,7 +151,7 @@ def _read_entries(key):
     except OSError:  # (a file gone between listing and stat: another process replaced it)
         return []
     found = []
-    for path in paths[-config_mod.config.cache_size_limit:]:  # the newest: a cache holds no more in memory
+    for path in paths[-config.cache_size_limit:]:  # the newest: a cache holds no more in memory
         body = build.read_sealed(path, lambda body: body.get("format") == FORMAT and body.get("key") == key)
         if body is not None:
             found.append(_Stored(path, body["entry"]))
@@ -206,7 +206,7 @@ def _key_of(cache):
 
 
 def _frame_key(code, backend, fullgraph, dynamic):
-    if not config_mod.config.capture_cache or code is None:
+    if not config.capture_cache or code is None:
         return None
     backend_desc = _backend_description(backend)
     if backend_desc is None:
@@ -216,7 +216,7 @@ def _frame_key(code, backend, fullgraph, dynamic):
         "format": FORMAT,
         "code": portable.code_fingerprint(code),
         "backend": backend_desc, "fullgraph": fullgraph, "dynamic": dynamic,
-        "settings": sorted([k, repr(v)] for k, v in config_mod.config._values.items() if k != "cache_size_limit"),
+        "settings": sorted([k, repr(v)] for k, v in config._values.items() if k != "cache_size_limit"),
         "modes": graph_cache._global_modes(),
         "versions": [torch.__version__, list(sys.version_info[:3]), _kiln_sources_hash()],
     }

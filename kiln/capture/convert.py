@@ -15,7 +15,7 @@ import warnings
 import torch
 import torch.fx
 
-from kiln import config as config_mod
+from kiln.config import config  # (the settings object: `kiln.config` names it once kiln is imported)
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
@@ -275,7 +275,7 @@ def _compile_graph(og, glue, backend, code):
     try:
         compiled = backend(gm, example_inputs)
     except Exception as e:
-        if config_mod.config.suppress_errors:
+        if config.suppress_errors:
             warnings.warn(f"kiln: backend {backend.name!r} raised {type(e).__name__}: {e}; "
                           f"running {code.co_qualname} eagerly")
             raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
