@@ -1,6 +1,7 @@
 """A compiled entry of a code object's cache: its guards, the glue that runs it, and what explain,
 recompile messages and automatic dynamic read from it. Made by capture (convert.py) or loaded from
-the capture cache on disk (capture_cache.py)."""
+the capture cache on disk (capture_cache.py), logged alike either way."""
+from kiln.debug.logs import enabled, log
 
 
 class CacheEntry:
@@ -15,3 +16,16 @@ class CacheEntry:
         self.input_values = input_values
         self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
         self.stored_form = stored_form  # what the capture cache writes to disk (None: kept in this process only)
+
+
+def log_graph(code, gm):
+    if enabled("graph"):
+        log("graph", "graph for %s (%s:%d):\n%s", code.co_qualname, code.co_filename, code.co_firstlineno, gm.code)
+
+
+def log_entry(code, entry, origin=""):
+    if enabled("guards"):
+        log("guards", "guards for %s (%s:%d)%s:\n%s", code.co_qualname, code.co_filename, code.co_firstlineno,
+            origin, "\n".join(f"  {g.text}" for g in entry.guards))
+    if enabled("bytecode"):
+        log("bytecode", "glue for %s:\n%s", code.co_qualname, entry.glue_src)

@@ -33,7 +33,7 @@ import torch
 from kiln.config import config  # (the settings object: `kiln.config` names it once kiln is imported)
 from kiln.backends import registry
 from kiln.capture import portable
-from kiln.capture.cache_entry import CacheEntry
+from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.class_watch import ClassWatch
 from kiln.capture.guards import SYMPY_PRINTER_NAMES, Guard, Liveness, first_failure_reporter
 from kiln.capture.sources import AttrSource, CellSource, GlobalSource, ItemSource, LocalSource
@@ -135,8 +135,9 @@ def load(cache, F, L):
         if entry is not None:
             cache.stored.remove(candidate)
             stats.loads += 1
-            log("recompiles", "%s: entry loaded from the capture cache (%s)", cache.code.co_qualname,
-                candidate.path.name)
+            if entry.graph is not None:
+                log_graph(cache.code, entry.graph)
+            log_entry(cache.code, entry, f" (loaded from the capture cache, {candidate.path.name})")
             return entry
     return None
 

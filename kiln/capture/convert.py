@@ -23,7 +23,7 @@ from kiln.capture import (autograd_function, class_creation, collections_models,
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
                           library_models,
                           numpy_support, weakref_models)  # their models)
-from kiln.capture.cache_entry import CacheEntry
+from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
@@ -253,7 +253,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, _detached(reason), glue_src, guard_src,
                        og.input_values(), og.guards.liveness,
                        capture_cache.stored_form(og, glue, graph_fn, gm, glue_src, backend, code))
-    _log_entry(code, entry, og)
+    log_entry(code, entry)
     return entry
 
 
@@ -270,8 +270,7 @@ def _compile_graph(og, glue, backend, code):
         return None, None
     gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
     example_inputs = [t for _, t, _ in og.inputs]
-    if enabled("graph"):
-        log("graph", "graph for %s (%s:%d):\n%s", code.co_qualname, code.co_filename, code.co_firstlineno, gm.code)
+    log_graph(code, gm)
     try:
         compiled = backend(gm, example_inputs)
     except Exception as e:
@@ -454,11 +453,3 @@ def _dis(code):
 
 def _log_break(reason):
     log("graph_breaks", "graph break: %s", reason)
-
-
-def _log_entry(code, entry, og):
-    if enabled("guards"):
-        log("guards", "guards for %s (%s:%d):\n%s", code.co_qualname, code.co_filename, code.co_firstlineno,
-            "\n".join(f"  {g.text}" for g in entry.guards))
-    if enabled("bytecode"):
-        log("bytecode", "glue for %s:\n%s", code.co_qualname, entry.glue_src)

@@ -87,6 +87,10 @@ class InputDynamism:
         log("dynamic", "%s: %r = %r is symbolic: %s", self.frame, source, value, why)
         return why
 
+    def has_changes(self):
+        """Whether automatic dynamic saw a size or number change (the next capture makes it symbolic)."""
+        return bool(self.changed_dims or self.changed_scalars)
+
     def note_changes(self, entries, value_of):
         """Automatic dynamic at a recompile: sizes and numbers that differ from what an earlier entry
         was compiled for become symbolic. `value_of(source)` reloads an input (or raises)."""

@@ -95,13 +95,14 @@ class CodeCache:
                                   f"hit cache_size_limit={config_mod.config.cache_size_limit}; it now runs eagerly. "
                                   f"Last guard failure: {self._failure_text(F, L)}", RuntimeWarning, stacklevel=4)
                 return None
-            entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
-            if entry is not None:
-                return self._adopt(entry)
-            from kiln.capture.convert import EagerCall, EagerFrame, compile_frame  # capture loads on the first miss
             if self.entries:
                 self._log_recompile(F, L)
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
+            if not self.dynamism.has_changes():  # (else capture makes what changed symbolic)
+                entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
+                if entry is not None:
+                    return self._adopt(entry)
+            from kiln.capture.convert import EagerCall, EagerFrame, compile_frame  # capture loads on the first miss
             try:
                 with imports_not_interrupted(), fx_sources.owned() as sources:
                     try:

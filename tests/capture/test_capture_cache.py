@@ -37,10 +37,10 @@ class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
-        self.eps = 0.5
+        self.eps = {eps}
 
     def forward(self, x):
-        return helper(torch.relu(self.lin(x))) + self.eps
+        return {forward_body}
 
 torch.manual_seed(0)
 net = Net()
@@ -69,7 +69,7 @@ print("{mark}" + json.dumps({{
 '''
 
 _BASE = dict(prelude="", scale="2.0", default="3", helper_body="x * k + 1", bias="0.25", backend="inductor",
-             train="False")
+             train="False", eps="0.5", forward_body="helper(torch.relu(self.lin(x))) + self.eps")
 
 
 def _run(tmp_path, env_extra=None, **changes):
@@ -110,7 +110,9 @@ def test_eager_backend_warm_process_captures_nothing(tmp_path):
     {"default": "5"},                         # the inlined helper's default argument
     {"helper_body": "x * k - 1"},             # the inlined helper's source
     {"prelude": "torch.__version__ = torch.torch_version.TorchVersion('2.99.0')"},  # torch's version
-], ids=["global", "closure", "default", "helper_source", "torch_version"])
+    {"eps": "0.125"},                         # an attribute of the module instance
+    {"forward_body": "helper(torch.tanh(self.lin(x))) + self.eps"},  # the module class's forward
+], ids=["global", "closure", "default", "helper_source", "torch_version", "module_attribute", "module_forward"])
 def test_a_changed_dependency_captures_again(tmp_path, change):
     warm, _ = _cold_then(tmp_path, **change)
     assert warm["captures"] >= 1, warm  # and the program checked its results against eager
@@ -151,3 +153,12 @@ def test_training_step_skips_capture(tmp_path):
     assert cold["stores"] == 1, cold
     warm, _ = _run(tmp_path, train="True")
     assert warm["captures"] == 0 and warm["loads"] == 1, warm
+
+
+def test_an_entry_checking_a_live_function_by_identity_is_not_stored(tmp_path):
+    """A global that is a closure made at run time exists in one process only: its entry stays there."""
+    prelude = "def make_adder(n):\n    return lambda t: t + n\nhelper = make_adder(1.5)"
+    cold, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
+    assert cold["stores"] == 0 and cold["captures"] == 2, cold
+    warm, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
+    assert warm["captures"] == 2 and warm["loads"] == 0, warm
