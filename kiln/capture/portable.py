@@ -27,7 +27,7 @@ import torch.fx
 from kiln.capture import class_watch
 
 _LITERALS = (type(None), bool, int, str)
-_TORCH_ENUMS = (torch.dtype, torch.layout, torch.memory_format)
+_TORCH_CONSTANTS = (torch.dtype, torch.layout, torch.memory_format, torch.device)
 
 
 class Unportable(Exception):
@@ -65,10 +65,14 @@ def _const_key(c):
 
 def function_fingerprint(fn):
     """The code, defaults and closure of a Python function (what inlining it reads unguarded)."""
+    return _sha(_function_parts(fn))
+
+
+def _function_parts(fn):
     cells = [_shallow_key(c.cell_contents) if _cell_full(c) else ["empty"] for c in fn.__closure__ or ()]
     defaults = [_shallow_key(v) for v in fn.__defaults__ or ()]
     kwdefaults = sorted([k, _shallow_key(v)] for k, v in (fn.__kwdefaults__ or {}).items())
-    return _sha([code_fingerprint(fn.__code__), defaults, kwdefaults, cells])
+    return [code_fingerprint(fn.__code__), defaults, kwdefaults, cells]
 
 
 def class_fingerprint(cls):
@@ -92,7 +96,7 @@ _CLASS_PRINTS = weakref.WeakKeyDictionary()  # class -> (its version tag, finger
 
 def _attribute_key(v):
     if isinstance(v, types.FunctionType):
-        return ["fn", function_fingerprint(v)]
+        return ["fn", _function_parts(v)]  # (hashed once with the whole class)
     if isinstance(v, (staticmethod, classmethod)):
         return [type(v).__name__, _attribute_key(v.__func__)]
     if isinstance(v, property):
@@ -136,13 +140,12 @@ def describe(obj, watched_tags):
         return ["size", list(obj)]
     if type(obj) is tuple:
         return ["tuple", [describe(v, watched_tags) for v in obj]]
-    if isinstance(obj, _TORCH_ENUMS):
-        attr = str(obj).removeprefix("torch.")
-        if getattr(torch, attr, None) is not obj:
-            raise Unportable(f"{obj!r}")
-        return ["torch", attr]
-    if isinstance(obj, torch.device):
-        return ["device", str(obj)]
+    if isinstance(obj, _TORCH_CONSTANTS):
+        from kiln.compiler.graph_cache import describe_torch_constant
+        desc = describe_torch_constant(obj)
+        if desc is None:
+            raise Unportable(f"{obj!r} is not found in torch under its name")
+        return desc
     if isinstance(obj, types.ModuleType):
         if sys.modules.get(obj.__name__) is not obj:
             raise Unportable(f"module {obj.__name__} is not imported under its name")
@@ -220,10 +223,9 @@ def rebuild(desc):
     if kind == "class_tag":
         return class_watch.tag_reference(rebuild(rest[0]))
     if kind == "op":
-        namespace, _, name = rest[0].partition("::")
-        packet, _, overload = name.partition(".")
+        from kiln.compiler.graph_cache import op_named
         try:
-            return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+            return op_named(rest[0])
         except AttributeError:
             raise Stale(f"operator {rest[0]} is gone") from None
     if kind == "object":

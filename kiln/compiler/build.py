@@ -162,8 +162,26 @@ def compiler_identity(compiler):
     resolved = shutil.which(compiler)
     if resolved is None:
         raise KilnError(f"C++ compiler {compiler!r} not found (set CXX or install g++)")
+    return f"{resolved}\n{_version_banner(resolved)}"
+
+
+def _version_banner(resolved):
+    """The first line of `compiler --version`, kept on disk per compiler binary (its inode, size and
+    mtime): a warm process loading cached libraries needs no subprocess."""
+    st = os.stat(resolved)
+    binary = f"{resolved}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+    memo = cache_subdir("compilers") / f"{hashlib.sha256(binary.encode()).hexdigest()[:32]}.txt"
+    try:
+        return memo.read_text()
+    except (OSError, UnicodeDecodeError):
+        pass
     banner = subprocess.run([resolved, "--version"], capture_output=True, text=True, check=True).stdout
-    return f"{resolved}\n{banner.splitlines()[0] if banner else ''}"
+    line = banner.splitlines()[0] if banner else ""
+    try:
+        _write_atomically(memo, line.encode())
+    except OSError:
+        pass
+    return line
 
 
 def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> ctypes.CDLL:

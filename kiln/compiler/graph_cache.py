@@ -311,13 +311,11 @@ def _describe_value(value, name, module_tensors, storages):
         if value.__name__.split(".")[0] not in _WRAPPER_MODULES or sys.modules.get(value.__name__) is not value:
             raise Uncacheable(f"wrapper global {name} is module {value.__name__}")
         return ["module", value.__name__]
-    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-        attr = str(value).removeprefix("torch.")
-        if getattr(torch, attr, None) is not value:
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
+        desc = describe_torch_constant(value)
+        if desc is None:
             raise Uncacheable(f"wrapper global {name} is {value!r}")
-        return ["torch", attr]
-    if isinstance(value, torch.device):
-        return ["device", str(value)]
+        return desc
     if isinstance(value, _LITERALS) or isinstance(value, tuple) and all(isinstance(v, _LITERALS) for v in value):
         if isinstance(value, float) or isinstance(value, tuple) and any(isinstance(v, float) for v in value):
             raise Uncacheable(f"wrapper global {name} is a float constant")  # JSON would round nan/-0.0 oddly
@@ -441,10 +439,26 @@ def _rebuild(desc, gm, lib):
             raise LookupError(f"{'.'.join(rest)} no longer exists")
         return value
     if kind == "op":
-        namespace, _, name = rest[0].partition("::")
-        packet, _, overload = name.partition(".")
-        return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+        return op_named(rest[0])
     raise ValueError(f"unknown global kind {kind!r}")
+
+
+def describe_torch_constant(value):
+    """["torch", name] for a dtype, layout or memory format torch has under that name; ["device",
+    text] for a device; None for anything else (shared with the capture cache)."""
+    if isinstance(value, torch.device):
+        return ["device", str(value)]
+    attr = str(value).removeprefix("torch.")
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)) and getattr(torch, attr, None) is value:
+        return ["torch", attr]
+    return None
+
+
+def op_named(name):
+    """The OpOverload `name` ("aten::add.Tensor") names; AttributeError when torch has none."""
+    namespace, _, name = name.partition("::")
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
 
 
 def _placeholder_like(x):
