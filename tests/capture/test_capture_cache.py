@@ -9,6 +9,7 @@ KILN_CACHE_DIR; the program checks every result against eager itself and prints 
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -84,14 +85,22 @@ def _run(tmp_path, env_extra=None, **changes):
     return json.loads(line[len(_MARK):]), done.stderr
 
 
-def _cold_then(tmp_path, env_extra=None, **changes):
-    cold, _ = _run(tmp_path)
+@pytest.fixture(scope="module")
+def cold_cache(tmp_path_factory):
+    """The cache the unchanged program leaves (one cold run, copied into each test's own folder)."""
+    folder = tmp_path_factory.mktemp("cold")
+    cold, _ = _run(folder)
     assert cold["captures"] == 2 and cold["stores"] == 2 and cold["loads"] == 0, cold
+    return folder / "cache"
+
+
+def _cold_then(tmp_path, cold_cache, env_extra=None, **changes):
+    shutil.copytree(cold_cache, tmp_path / "cache")  # (modes kept: the cache must stay private)
     return _run(tmp_path, env_extra, **changes)
 
 
-def test_warm_process_captures_and_compiles_nothing(tmp_path):
-    warm, _ = _cold_then(tmp_path)
+def test_warm_process_captures_and_compiles_nothing(tmp_path, cold_cache):
+    warm, _ = _cold_then(tmp_path, cold_cache)
     assert warm["captures"] == 0 and warm["loads"] == 2, warm
     assert warm["graph_hits"] == 2 and warm["graph_misses"] == 0, warm
     assert not warm["imported_capture"] and not warm["imported_aot"], warm
@@ -113,19 +122,19 @@ def test_eager_backend_warm_process_captures_nothing(tmp_path):
     {"eps": "0.125"},                         # an attribute of the module instance
     {"forward_body": "helper(torch.tanh(self.lin(x))) + self.eps"},  # the module class's forward
 ], ids=["global", "closure", "default", "helper_source", "torch_version", "module_attribute", "module_forward"])
-def test_a_changed_dependency_captures_again(tmp_path, change):
-    warm, _ = _cold_then(tmp_path, **change)
+def test_a_changed_dependency_captures_again(tmp_path, cold_cache, change):
+    warm, _ = _cold_then(tmp_path, cold_cache, **change)
     assert warm["captures"] >= 1, warm  # and the program checked its results against eager
 
 
-def test_off_switch(tmp_path):
-    warm, _ = _cold_then(tmp_path, env_extra={"KILN_CAPTURE_CACHE": "0"})
+def test_off_switch(tmp_path, cold_cache):
+    warm, _ = _cold_then(tmp_path, cold_cache, env_extra={"KILN_CAPTURE_CACHE": "0"})
     assert warm["captures"] == 2 and warm["loads"] == 0 and warm["stores"] == 0, warm
 
 
 @pytest.mark.parametrize("damage", ["garbage", "sealed_but_stale"])
-def test_a_damaged_entry_is_captured_again(tmp_path, damage):
-    _run(tmp_path)
+def test_a_damaged_entry_is_captured_again(tmp_path, cold_cache, damage):
+    shutil.copytree(cold_cache, tmp_path / "cache")
     files = sorted((tmp_path / "cache" / "capture").rglob("*.json"))
     assert len(files) == 2
     for path in files:
