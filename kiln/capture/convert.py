@@ -21,13 +21,13 @@ from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
 from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
-                          library_models, numpy_support, python_builtins, weakref_models)  # their models)
+                          library_models, numpy_support, python_builtins, vmap_models, weakref_models)  # their models)
 from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
 from kiln.capture.objects import const_value
-from kiln.capture.resume import live_locals, resume_code
+from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug.logs import enabled, log
@@ -424,7 +424,9 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)
         closure = f"(F.__closure__ or ()) + ({cells})" if code.co_freevars else f"({cells})"
-    args = "(" + "".join(a + ", " for a in stack_vals + list(extra) + local_vals) + ")"
+    stack_names, params = parameters(code, stack_nulls, live)
+    values = dict(zip(stack_names, stack_vals + list(extra))) | dict(zip(live, local_vals))
+    args = "(" + "".join(values[p] + ", " for p in params) + ")"
     return (f"return {rcache}({glue.const(types.FunctionType, 'FN')}({glue.const(rcode, 'RCODE')}, "
             f"F.__globals__, {rcode.co_name!r}, None, {closure}), {args})")
 
