@@ -73,6 +73,9 @@ class _Config:
                                                      "is not supported"),
         "optimize_ddp": Option(True, "under DistributedDataParallel, compile each graph as one graph per gradient "
                                      "bucket, so a bucket's all-reduce overlaps the rest of the backward"),
+        "capture_cache": Option(os.environ.get("KILN_CAPTURE_CACHE", "1") != "0",
+                                "keep captured frames (guards, glue, graph) in KILN_CACHE_DIR/capture: a fresh process "
+                                "that meets a frame it compiled before skips capture (KILN_CAPTURE_CACHE=0: off)"),
         "verbose": Option(False, "print a guard-failure reason when recompiling (also under "
                                  "KILN_LOGS=recompiles)"),
     }

@@ -6,12 +6,14 @@ python_builtins (symbolic execution), variables, sources, guards, graph_builder,
 glue, resume; autograd_function (Function.apply traced; subgraphs closes its graphs); dynamic (which dims are symbolic: marks, dynamic=, automatic dynamic) and shape_watch
 (which user line made each shape guard; errors for marked dims forced static).
 """
+import sys
 import types
 
 import torch
 
-from kiln.capture import (autograd_function, checkpoint_models, collectives_models, distributed_models,  # noqa: F401
-                          eager_frames, resume, runtime)  # (they install themselves)
+# Only the runtime is imported with kiln: the interpreter, fake tensors, sympy and the compiler load on
+# the first compile (convert imports them), so `import kiln` costs little over `import torch`.
+from kiln.capture import eager_frames, runtime  # noqa: F401 (eager_frames installs itself)
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):
@@ -34,4 +36,6 @@ def optimize(model, backend, *, fullgraph=False, dynamic=None):
 def reset():
     """Forget every compiled entry."""
     runtime.reset()
-    resume.reset()
+    resume = sys.modules.get("kiln.capture.resume")  # loaded with the first compile, if any
+    if resume is not None:
+        resume.reset()

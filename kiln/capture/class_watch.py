@@ -43,6 +43,11 @@ def _tag_ref(cls):
     return ctypes.c_uint.from_address(id(cls) + _TAG_OFFSET)
 
 
+def tag_reference(cls):
+    """The place in memory `cls`'s version tag is read from (guard_expression's TAG constant)."""
+    return _tag_ref(cls)
+
+
 def _assign_tag(cls):
     # a failed class-attribute lookup goes through the method cache, which gives the class (and
     # its bases) a valid tag if it has none

@@ -15,13 +15,16 @@ import warnings
 import torch
 import torch.fx
 
-from kiln import config as config_mod
+from kiln.config import config  # (the settings object: `kiln.config` names it once kiln is imported)
 from kiln.capture import autograd_hooks
 from kiln.capture import bytecode_facts as facts
+from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
-from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
+from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
-                          library_models, numpy_support, function_transforms, python_builtins, weakref_models)  # their models)
+                          library_models, numpy_support, function_transforms, python_builtins, weakref_models,
+                          checkpoint_models, collectives_models, distributed_models)  # their models)
+from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
@@ -52,19 +55,6 @@ class EagerFrame(Exception):
 class EagerCall(EagerFrame):
     """This call raises a Python exception out of the frame during capture (an assert, a raise on bad
     input): it runs eagerly and raises it, and later calls try capturing again."""
-
-
-class CacheEntry:
-    __slots__ = ("check", "run", "guards", "first_failure", "graph", "break_reason", "glue_src", "guard_src",
-                 "input_values", "liveness", "__weakref__")
-
-    def __init__(self, check, run, guards, first_failure, graph, break_reason, glue_src, guard_src, input_values,
-                 liveness):
-        self.check, self.run, self.guards, self.first_failure = check, run, guards, first_failure
-        self.graph, self.break_reason, self.glue_src, self.guard_src = graph, break_reason, glue_src, guard_src
-        # (Source, size tuple of a tensor input or value of a number folded in), for automatic dynamic
-        self.input_values = input_values
-        self.liveness = liveness  # the objects its guards check by identity (guards.Liveness)
 
 
 class _Break:
@@ -252,8 +242,9 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
         og.guards.add(None, expr, expr)
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, _detached(reason), glue_src, guard_src,
-                       og.input_values(), og.guards.liveness)
-    _log_entry(code, entry, og)
+                       og.input_values(), og.guards.liveness,
+                       capture_cache.stored_form(og, glue, graph_fn, gm, glue_src, backend, code))
+    log_entry(code, entry)
     return entry
 
 
@@ -264,12 +255,11 @@ def _compile_graph(og, glue, backend, code):
         return None, None
     gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
     example_inputs = [t for _, t, _ in og.inputs]
-    if enabled("graph"):
-        log("graph", "graph for %s (%s:%d):\n%s", code.co_qualname, code.co_filename, code.co_firstlineno, gm.code)
+    log_graph(code, gm)
     try:
         compiled = backend(gm, example_inputs)
     except Exception as e:
-        if config_mod.config.suppress_errors:
+        if config.suppress_errors:
             warnings.warn(f"kiln: backend {backend.name!r} raised {type(e).__name__}: {e}; "
                           f"running {code.co_qualname} eagerly")
             raise EagerFrame(f"backend {backend.name!r} failed: {e}") from e
@@ -448,11 +438,3 @@ def _dis(code):
 
 def _log_break(reason):
     log("graph_breaks", "graph break: %s", reason)
-
-
-def _log_entry(code, entry, og):
-    if enabled("guards"):
-        log("guards", "guards for %s (%s:%d):\n%s", code.co_qualname, code.co_filename, code.co_firstlineno,
-            "\n".join(f"  {g.text}" for g in entry.guards))
-    if enabled("bytecode"):
-        log("bytecode", "glue for %s:\n%s", code.co_qualname, entry.glue_src)

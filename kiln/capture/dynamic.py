@@ -7,18 +7,10 @@ mark_static beats everything; sizes 0 and 1 always stay static, because broadcas
 differently from every other size.
 """
 import torch
-from torch.fx.experimental.symbolic_shapes import (DimDynamic, RelaxedUnspecConstraint, StatelessSymbolicContext,
-                                                   StrictMinMaxConstraint)
-from torch.utils._sympy.value_ranges import ValueRanges
 
 from kiln.capture.sources import AttrSource, CellSource, ItemSource, LocalSource
 from kiln.debug.logs import log
 from kiln.exc import ConstraintViolation, InvalidArgument
-
-try:  # torch >= 2.5 bounds integer ranges by its own infinity
-    from torch.utils._sympy.numbers import int_oo as _INT_OO
-except ImportError:  # torch 2.4
-    from sympy import oo as _INT_OO
 
 _DYNAMIC_ATTR = "_kiln_dynamic_dims"  # {dim: (min, max)} set by mark_dynamic
 _STATIC_ATTR = "_kiln_static_dims"    # {dim} set by mark_static
@@ -96,6 +88,10 @@ class InputDynamism:
             return None
         log("dynamic", "%s: %r = %r is symbolic: %s", self.frame, source, value, why)
         return why
+
+    def has_changes(self):
+        """Whether automatic dynamic saw a size or number change (the next capture makes it symbolic)."""
+        return bool(self.changed_dims or self.changed_scalars)
 
     def note_changes(self, entries, value_of):
         """Automatic dynamic at a recompile: sizes and numbers that differ from what an earlier entry
@@ -196,6 +192,8 @@ def _bounds_text(bounds):
 
 def symbolic_context(t, dims):
     """The ShapeEnv context for `t`: its dims in `dims` symbolic; mark_dynamic bounds as ranges."""
+    # (symbolic_shapes imports sympy: it loads with the first compile, not with kiln)
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
     marks = marked_bounds(t)
     constraints = [_constraint(marks[d]) if d in marks else None for d in range(t.dim())]
     return StatelessSymbolicContext(
@@ -204,10 +202,13 @@ def symbolic_context(t, dims):
 
 
 def _constraint(bounds):
+    from torch.fx.experimental.symbolic_shapes import RelaxedUnspecConstraint, StrictMinMaxConstraint
+    from torch.utils._sympy.numbers import int_oo  # torch's own infinity bounds integer ranges
+    from torch.utils._sympy.value_ranges import ValueRanges
     low, high = bounds
     if low is None and high is None:
         return RelaxedUnspecConstraint(warn_only=False)
     # symbols never take 0 or 1 (those sizes are specialized), so 2 is the lowest meaningful bound
-    upper = high if high is not None else _INT_OO
+    upper = high if high is not None else int_oo
     return StrictMinMaxConstraint(vr=ValueRanges(lower=2 if low is None or low < 2 else low, upper=upper),
                                   warn_only=False)

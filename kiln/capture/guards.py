@@ -25,13 +25,18 @@ from kiln.capture.sources import CodeContext, TupleSource
 SYMPY_PRINTER_NAMES = {"math": math, "torch": torch}
 
 
+_SAME = object()  # GuardSet.add: the portable check is the check itself
+
+
 class Guard:
-    """`check` is an expression in `v`, with constants already interned in the entry's CodeContext."""
+    """`check` is an expression in `v`, with constants already interned in the entry's CodeContext.
+    `portable` is the check another process makes (capture_cache): `check` itself, one that holds
+    there too where `check` names a live object by identity, or None where there is none."""
 
-    __slots__ = ("source", "check", "text")
+    __slots__ = ("source", "check", "text", "portable")
 
-    def __init__(self, source, check, text):
-        self.source, self.check, self.text = source, check, text
+    def __init__(self, source, check, text, portable):
+        self.source, self.check, self.text, self.portable = source, check, text, portable
 
     def __repr__(self):
         return self.text
@@ -47,13 +52,15 @@ class GuardSet:
         self._classes = set()  # ids of the classes guarded unchanged
         self.liveness = Liveness()
 
-    def add(self, source, check, text=None):
-        """`check` may use `v` and names from `self.const(...)`; source None means a global-state guard."""
+    def add(self, source, check, text=None, portable=_SAME):
+        """`check` may use `v` and names from `self.const(...)`; source None means a global-state guard.
+        `portable`: what another process checks instead (see Guard), `check` itself by default."""
         key = (source.key() if source is not None else None, check)
         if key in self._seen:
             return
         self._seen.add(key)
-        self.guards.append(Guard(source, check, text or self._describe(source, check)))
+        self.guards.append(Guard(source, check, text or self._describe(source, check),
+                                 check if portable is _SAME else portable))
 
     def const(self, obj, hint="C"):
         return self.ctx.const(obj, hint)
@@ -83,9 +90,14 @@ class GuardSet:
 
     def id_match(self, source, value):
         ref = self.ref(value, "ID")
+        portable = f"v is {ref}"  # a module, or a function or class its module holds: found by name there
         if ref.endswith("()"):  # a dead referent reads None: `is not None` keeps a None value from passing
             ref += " is not None"
-        self.add(source, f"v is {ref}", f"{source!r} is {_short(value)}")
+            # a live instance exists in this process only. An nn.Module is captured through guarded
+            # sources alone (its attributes by value, its parameters as inputs, its class unchanged),
+            # so another process may check its type instead; anything else is not portable
+            portable = f"type(v) is {self.const(type(value), 'T')}" if isinstance(value, torch.nn.Module) else None
+        self.add(source, f"v is {ref}", f"{source!r} is {_short(value)}", portable)
 
     def const_match(self, source, value):
         if value is None or value is True or value is False or value is Ellipsis:
@@ -174,11 +186,22 @@ class GuardSet:
     # ---- code generation --------------------------------------------------------------------
     def build(self):
         """-> (check(F, L) -> bool, first_failure(F, L) -> Guard|None, source text)."""
+        src, fail_src = self.sources()
+        ns = {**SYMPY_PRINTER_NAMES, **self.ctx.consts}
+        exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
+        return ns["__kiln_guard"], first_failure_reporter(ns["__kiln_guard_failure"], self.guards), src
+
+    def sources(self, portable=False):
+        """The source text of `__kiln_guard` and `__kiln_guard_failure`; `portable`: of the checks
+        another process makes (None when some guard has none)."""
+        checks = [g.portable if portable else g.check for g in self.guards]
+        if None in checks:
+            return None
         hoist = _Hoisting(self)
         conds = []
-        for i, g in enumerate(self.guards):
+        for i, (g, check) in enumerate(zip(self.guards, checks)):
             hoist.current = i
-            conds.append(g.check if g.source is None else _substitute_v(g.check, hoist.sub(g.source)))
+            conds.append(check if g.source is None else _substitute_v(check, hoist.sub(g.source)))
         # hoisted locals are assigned right before the first guard that needs them
         body, fail_body = [], []
         for i, cond in enumerate(conds):
@@ -190,16 +213,17 @@ class GuardSet:
         prologue = ["G = F.__globals__"] if any("G[" in line for line in body) else []
         src = _fn("__kiln_guard", prologue + body + ["return True"], "False")
         fail_src = _fn("__kiln_guard_failure", prologue + fail_body + ["return None"], "-1")
-        ns = {**SYMPY_PRINTER_NAMES, **self.ctx.consts}
-        exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
-        failure, guards = ns["__kiln_guard_failure"], self.guards
+        return src, fail_src
 
-        def first_failure(F, L):
-            i = failure(F, L)
-            if i is None:
-                return None
-            return guards[i] if i >= 0 else "a guard raised while evaluating"
-        return ns["__kiln_guard"], first_failure, src
+
+def first_failure_reporter(failure, guards):
+    """first_failure(F, L) -> the first Guard (or its text) that fails, from `__kiln_guard_failure`."""
+    def first_failure(F, L):
+        i = failure(F, L)
+        if i is None:
+            return None
+        return guards[i] if i >= 0 else "a guard raised while evaluating"
+    return first_failure
 
 
 class Liveness:

@@ -21,9 +21,8 @@ import weakref
 import torch
 
 from kiln import config as config_mod
-from kiln.capture import dynamic as dynamic_mod, fx_sources, torch_caches
+from kiln.capture import capture_cache, dynamic as dynamic_mod, fx_sources, torch_caches
 from kiln.capture.call_sites import original_code
-from kiln.capture.convert import EagerCall, EagerFrame, compile_frame
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.uninterrupted_imports import imports_not_interrupted
@@ -55,6 +54,8 @@ class CodeCache:
         self.eager_reason = None
         self.warned_limit = False
         self.eager_calls = 0  # calls that raised out of the frame during capture (EagerCall)
+        self.disk_key = False  # the capture cache's key for this frame (None: not stored), found on first use
+        self.stored = None     # entries earlier processes stored, not loaded yet (capture_cache.load)
 
     @property
     def code(self):
@@ -97,9 +98,15 @@ class CodeCache:
             if self.entries:
                 self._log_recompile(F, L)
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
+            if not self.dynamism.has_changes():  # (else capture makes what changed symbolic)
+                entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
+                if entry is not None:
+                    return self._adopt(entry)
+            from kiln.capture.convert import EagerCall, EagerFrame, compile_frame  # capture loads on the first miss
             try:
                 with imports_not_interrupted(), fx_sources.owned() as sources:
                     try:
+                        capture_cache.stats.captures += 1
                         entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamism,
                                               Caller(self.backend, self.dynamic))
                     finally:
@@ -120,10 +127,14 @@ class CodeCache:
                 for obs in eager_observers:
                     obs(self.code, str(e))
                 return None
-            self._keep(entry)
-            for obs in observers:
-                obs(self.code, entry)
-            return entry
+            capture_cache.store(self, entry)
+            return self._adopt(entry)
+
+    def _adopt(self, entry):
+        self._keep(entry)
+        for obs in observers:
+            obs(self.code, entry)
+        return entry
 
     def _keep(self, entry):
         self.entries.append(entry)

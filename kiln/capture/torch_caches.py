@@ -10,8 +10,6 @@ compiles one frame at a time).
 """
 import functools
 
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
 
 def release_finished_compiles():
     for cache in _shape_env_method_caches():
@@ -20,4 +18,5 @@ def release_finished_compiles():
 
 @functools.lru_cache(maxsize=None)
 def _shape_env_method_caches():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # loaded by the compile that just finished
     return tuple(v for v in vars(ShapeEnv).values() if callable(getattr(v, "cache_clear", None)))

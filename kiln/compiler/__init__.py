@@ -25,13 +25,14 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
             log("perf_hints", "freezing applies to inference graphs (torch.no_grad()); this graph is "
                 "compiled for training, its parameters as inputs")
         return compile_training(gm, example_inputs, options, inner)
-    from kiln.compiler import aot, freezing, graph_cache
+    from kiln.compiler import freezing, graph_cache
     frozen = freezing.frozen_positions(gm, example_inputs, ()) if options.get("freezing") else []
     # a frozen graph bakes in tensor values, which the graph cache's key does not hold
     cached = (graph_cache.lookup(gm, example_inputs, options) if inner == "cpp" and not frozen
               else graph_cache.Lookup(None))
     if cached.runner is not None:  # compiled by an earlier process: no aot, lowering or codegen
         return _eager_when_mutated_inputs_alias(cached.runner, gm)
+    from kiln.compiler import aot  # (make_fx, fake tensors, sympy: not needed for a graph the cache had)
     try:
         aten = aot.trace_aten(gm, example_inputs, aot.lowering_decompositions(options.get("fallback_random", False)))
     except aot.AotUnsupported as e:
@@ -54,7 +55,7 @@ def _eager_when_mutated_inputs_alias(runner, gm):
     functional graph computes every value from the inputs as they were, then writes the new values
     back), or, on a call where one does (`g(t, t)` with g writing its first argument), the torch
     graph run eagerly, as eager's order of reads and writes decides the answer there."""
-    from kiln.compiler.aot import mutated_inputs_alias
+    from kiln.compiler.runner import mutated_inputs_alias
     mutated = getattr(runner, "kiln_mutated_inputs", ())
     if not mutated:
         return runner

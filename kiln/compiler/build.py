@@ -22,6 +22,7 @@ import fcntl
 import functools
 import grp
 import hashlib
+import json
 import os
 import pathlib
 import pwd
@@ -161,8 +162,26 @@ def compiler_identity(compiler):
     resolved = shutil.which(compiler)
     if resolved is None:
         raise KilnError(f"C++ compiler {compiler!r} not found (set CXX or install g++)")
+    return f"{resolved}\n{_version_banner(resolved)}"
+
+
+def _version_banner(resolved):
+    """The first line of `compiler --version`, kept on disk per compiler binary (its inode, size and
+    mtime): a warm process loading cached libraries needs no subprocess."""
+    st = os.stat(resolved)
+    binary = f"{resolved}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+    memo = cache_subdir("compilers") / f"{hashlib.sha256(binary.encode()).hexdigest()[:32]}.txt"
+    try:
+        return memo.read_text()
+    except (OSError, UnicodeDecodeError):
+        pass
     banner = subprocess.run([resolved, "--version"], capture_output=True, text=True, check=True).stdout
-    return f"{resolved}\n{banner.splitlines()[0] if banner else ''}"
+    line = banner.splitlines()[0] if banner else ""
+    try:
+        _write_atomically(memo, line.encode())
+    except OSError:
+        pass
+    return line
 
 
 def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> ctypes.CDLL:
@@ -311,6 +330,33 @@ def _build(source, cpp_path, so_path, compiler, flags, key):
             os.unlink(tmp_so)
     stats.builds += 1
     log("output_code", "built %s from %s", so_path, cpp_path)
+
+
+def seal(entry):
+    """A JSON-able dict as bytes, a sha256 line in front (read_sealed checks it)."""
+    body = json.dumps(entry).encode()
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def read_sealed(path, fits):
+    """The dict `seal` wrote at `path` if `fits(dict)`, else None: a missing file is a miss; one that
+    is unreadable, damaged or does not fit warns once and is removed, never trusted and never an error."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # a directory in its place, no permission, an I/O error
+        return damaged(path, f"unreadable: {type(e).__name__}: {e}")
+    digest, _, body = data.partition(b"\n")
+    try:
+        if hashlib.sha256(body).hexdigest().encode() != digest:
+            raise ValueError("digest mismatch")
+        entry = json.loads(body)
+        if not isinstance(entry, dict) or not fits(entry):
+            raise ValueError("format or key mismatch")
+        return entry
+    except Exception as e:
+        return damaged(path, str(e))
 
 
 def _write_atomically(path, data):

@@ -11,8 +11,6 @@ import itertools
 import os
 import pathlib
 
-from kiln.compiler import ir
-from kiln.compiler.schedule import Kernel
 from kiln.debug.logs import enabled, log
 
 _graph_ids = itertools.count()
@@ -28,6 +26,7 @@ class KernelInfo:
 
 
 def kernel_infos(program):
+    from kiln.compiler.schedule import Kernel  # (the IR and sympy: not needed to load a cached graph)
     return [KernelInfo(step.name, tuple(n.name for n in step.nodes),
                        tuple(n.reduction_type for n in step.nodes if n.is_reduction),
                        _int(step.numel), _int(step.rnumel))
@@ -39,6 +38,7 @@ def _int(x):
 
 
 def describe_ir(graph):
+    from kiln.compiler import ir
     lines = []
     for buf in graph.buffers:
         kind = type(buf).__name__
@@ -56,6 +56,7 @@ def describe_ir(graph):
 
 
 def describe_schedule(program):
+    from kiln.compiler.schedule import Kernel
     lines = []
     for step in program.steps:
         if isinstance(step, Kernel):

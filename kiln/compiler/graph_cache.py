@@ -311,13 +311,11 @@ def _describe_value(value, name, module_tensors, storages):
         if value.__name__.split(".")[0] not in _WRAPPER_MODULES or sys.modules.get(value.__name__) is not value:
             raise Uncacheable(f"wrapper global {name} is module {value.__name__}")
         return ["module", value.__name__]
-    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-        attr = str(value).removeprefix("torch.")
-        if getattr(torch, attr, None) is not value:
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
+        desc = describe_torch_constant(value)
+        if desc is None:
             raise Uncacheable(f"wrapper global {name} is {value!r}")
-        return ["torch", attr]
-    if isinstance(value, torch.device):
-        return ["device", str(value)]
+        return desc
     if isinstance(value, _LITERALS) or isinstance(value, tuple) and all(isinstance(v, _LITERALS) for v in value):
         if isinstance(value, float) or isinstance(value, tuple) and any(isinstance(v, float) for v in value):
             raise Uncacheable(f"wrapper global {name} is a float constant")  # JSON would round nan/-0.0 oddly
@@ -382,7 +380,7 @@ def _runner_metadata(aten, module_tensors):
 
 # ---- loading --------------------------------------------------------------------------------------
 def _load(entry, gm, example_inputs, options):
-    from kiln.compiler import aot
+    from kiln.compiler import runner as graph_runner
     from kiln.compiler.debug import KernelInfo, log_output_code
 
     library = entry["library"]
@@ -398,15 +396,15 @@ def _load(entry, gm, example_inputs, options):
     flat_fn.kiln_fallbacks = list(entry["inspect"]["fallbacks"])
     log_output_code(getattr(lib, "_name", None), flat_fn.kiln_source, flat_fn.kiln_wrapper)
     meta = entry["runner"]
-    aten = aot.AtenGraph(
+    aten = graph_runner.AtenGraph(
         gm=None, num_user_outputs=meta["num_user_outputs"], mutated_inputs=meta["mutated_inputs"],
         out_spec=pytree.treespec_loads(meta["out_spec"]),
         mutated_attrs=[operator.attrgetter(path)(gm) for path in meta["mutated_attrs"]],
-        output_aliases=[aot.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
+        output_aliases=[graph_runner.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
                         for k, i, view in meta["output_aliases"]],
-        output_views=[aot.OutputView(k, base, _tuples(view), _tuples(base_layout))
+        output_views=[graph_runner.OutputView(k, base, _tuples(view), _tuples(base_layout))
                       for k, base, view, base_layout in meta["output_views"]])
-    runner = aot.make_runner(aten, flat_fn)
+    runner = graph_runner.make_runner(aten, flat_fn)
     runner.kiln_aten = _AtenOnDemand(gm, [_placeholder_like(x) for x in example_inputs], options)
     return runner
 
@@ -441,10 +439,26 @@ def _rebuild(desc, gm, lib):
             raise LookupError(f"{'.'.join(rest)} no longer exists")
         return value
     if kind == "op":
-        namespace, _, name = rest[0].partition("::")
-        packet, _, overload = name.partition(".")
-        return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+        return op_named(rest[0])
     raise ValueError(f"unknown global kind {kind!r}")
+
+
+def describe_torch_constant(value):
+    """["torch", name] for a dtype, layout or memory format torch has under that name; ["device",
+    text] for a device; None for anything else (shared with the capture cache)."""
+    if isinstance(value, torch.device):
+        return ["device", str(value)]
+    attr = str(value).removeprefix("torch.")
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)) and getattr(torch, attr, None) is value:
+        return ["torch", attr]
+    return None
+
+
+def op_named(name):
+    """The OpOverload `name` ("aten::add.Tensor") names; AttributeError when torch has none."""
+    namespace, _, name = name.partition("::")
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
 
 
 def _placeholder_like(x):
@@ -477,27 +491,10 @@ def _entry_path(key):
 
 
 def _seal(entry):
-    body = json.dumps(entry).encode()
-    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+    return build.seal(entry)
 
 
 def _read(key):
     """The entry stored under `key`, or None when there is none or it is damaged (any failure to
     read or parse it is a miss, with one warning, never an error)."""
-    path = _entry_path(key)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except Exception as e:  # a directory in its place, no permission, an I/O error
-        return build.damaged(path, f"unreadable: {type(e).__name__}: {e}")
-    digest, _, body = data.partition(b"\n")
-    try:
-        if hashlib.sha256(body).hexdigest().encode() != digest:
-            raise ValueError("digest mismatch")
-        entry = json.loads(body)
-        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
-            raise ValueError("format or key mismatch")
-        return entry
-    except Exception as e:
-        return build.damaged(path, str(e))
+    return build.read_sealed(_entry_path(key), lambda entry: entry.get("format") == FORMAT and entry.get("key") == key)

@@ -27,7 +27,8 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.compiler.aot import is_symbolic, rebuilder, trace_aten
+from kiln.compiler.aot import is_symbolic, trace_aten
+from kiln.compiler.runner import rebuilder
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
 from kiln.debug.logs import enabled, log

@@ -15,14 +15,8 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
+from kiln.compiler.runner import fix_layout
 from kiln.compiler.schedule import Kernel
-
-
-def fix_layout(t, size, stride):
-    """An extern result with the layout kernels were compiled for (aten almost always agrees)."""
-    if t.stride() == stride or t.numel() <= 1:
-        return t
-    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 class _Source:

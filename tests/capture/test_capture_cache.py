@@ -1,0 +1,173 @@
+"""The capture cache on disk: a second process that meets frames the first compiled loads their entries
+and runs no capture and no compile (counted with kiln's counters and by what it imported), and gives
+eager's results; a changed global, closure, default argument, inlined helper, torch version or cache
+file makes it capture again instead of reusing the entry.
+
+Each test runs a small program (PROGRAM, filled in per test) twice in fresh interpreters that share a
+KILN_CACHE_DIR; the program checks every result against eager itself and prints kiln's counters.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+_MARK = "capture-cache-result "
+
+PROGRAM = '''
+import json, sys
+import torch, kiln
+from kiln.capture import capture_cache
+from kiln.compiler import graph_cache
+{prelude}
+SCALE = {scale}
+
+def helper(x, k={default}):
+    return {helper_body}
+
+def make(bias):
+    def f(x, y):
+        return helper(x) * SCALE + y.cos() + bias
+    return f
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.eps = {eps}
+
+    def forward(self, x):
+        return {forward_body}
+
+torch.manual_seed(0)
+net = Net()
+x, y = torch.randn(4, 8), torch.randn(4, 8)
+f = make({bias})
+compiled_f, compiled_net = kiln.compile(f, backend="{backend}"), kiln.compile(net, backend="{backend}")
+if {train}:
+    reference = Net()
+    reference.load_state_dict(net.state_dict())
+    for _ in range(2):
+        compiled_net(x).sum().backward()
+        reference(x).sum().backward()
+    for p, q in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+else:
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled_f(x, y), f(x, y))
+            torch.testing.assert_close(compiled_net(x), net(x))
+print("{mark}" + json.dumps({{
+    "captures": capture_cache.stats.captures, "loads": capture_cache.stats.loads,
+    "stores": capture_cache.stats.stores, "stale": capture_cache.stats.stale,
+    "graph_hits": graph_cache.stats.hits, "graph_misses": graph_cache.stats.misses,
+    "imported_capture": "kiln.capture.convert" in sys.modules,
+    "imported_aot": "kiln.compiler.aot" in sys.modules}}))
+'''
+
+_BASE = dict(prelude="", scale="2.0", default="3", helper_body="x * k + 1", bias="0.25", backend="inductor",
+             train="False", eps="0.5", forward_body="helper(torch.relu(self.lin(x))) + self.eps")
+
+
+def _run(tmp_path, env_extra=None, **changes):
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM.format(mark=_MARK, **{**_BASE, **changes}))
+    env = {k: v for k, v in os.environ.items() if k != "KILN_CAPTURE_CACHE"}
+    env.update({"PYTHONPATH": str(REPO), "KILN_CACHE_DIR": str(tmp_path / "cache"), **(env_extra or {})})
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith(_MARK))
+    return json.loads(line[len(_MARK):]), done.stderr
+
+
+@pytest.fixture(scope="module")
+def cold_cache(tmp_path_factory):
+    """The cache the unchanged program leaves (one cold run, copied into each test's own folder)."""
+    folder = tmp_path_factory.mktemp("cold")
+    cold, _ = _run(folder)
+    assert cold["captures"] == 2 and cold["stores"] == 2 and cold["loads"] == 0, cold
+    return folder / "cache"
+
+
+def _cold_then(tmp_path, cold_cache, env_extra=None, **changes):
+    shutil.copytree(cold_cache, tmp_path / "cache")  # (modes kept: the cache must stay private)
+    return _run(tmp_path, env_extra, **changes)
+
+
+def test_warm_process_captures_and_compiles_nothing(tmp_path, cold_cache):
+    warm, _ = _cold_then(tmp_path, cold_cache)
+    assert warm["captures"] == 0 and warm["loads"] == 2, warm
+    assert warm["graph_hits"] == 2 and warm["graph_misses"] == 0, warm
+    assert not warm["imported_capture"] and not warm["imported_aot"], warm
+
+
+def test_eager_backend_warm_process_captures_nothing(tmp_path):
+    cold, _ = _run(tmp_path, backend="eager")
+    assert cold["stores"] == 2, cold
+    warm, _ = _run(tmp_path, backend="eager")
+    assert warm["captures"] == 0 and warm["loads"] == 2 and not warm["imported_capture"], warm
+
+
+@pytest.mark.parametrize("change", [
+    {"scale": "-1.5"},                        # a global the frame reads
+    {"bias": "0.75"},                         # the frame's closure
+    {"default": "5"},                         # the inlined helper's default argument
+    {"helper_body": "x * k - 1"},             # the inlined helper's source
+    {"prelude": "torch.__version__ = torch.torch_version.TorchVersion('2.99.0')"},  # torch's version
+    {"eps": "0.125"},                         # an attribute of the module instance
+    {"forward_body": "helper(torch.tanh(self.lin(x))) + self.eps"},  # the module class's forward
+], ids=["global", "closure", "default", "helper_source", "torch_version", "module_attribute", "module_forward"])
+def test_a_changed_dependency_captures_again(tmp_path, cold_cache, change):
+    warm, _ = _cold_then(tmp_path, cold_cache, **change)
+    assert warm["captures"] >= 1, warm  # and the program checked its results against eager
+
+
+def test_off_switch(tmp_path, cold_cache):
+    warm, _ = _cold_then(tmp_path, cold_cache, env_extra={"KILN_CAPTURE_CACHE": "0"})
+    assert warm["captures"] == 2 and warm["loads"] == 0 and warm["stores"] == 0, warm
+
+
+@pytest.mark.parametrize("damage", ["garbage", "sealed_but_stale"])
+def test_a_damaged_entry_is_captured_again(tmp_path, cold_cache, damage):
+    shutil.copytree(cold_cache, tmp_path / "cache")
+    files = sorted((tmp_path / "cache" / "capture").rglob("*.json"))
+    assert len(files) == 2
+    for path in files:
+        if damage == "garbage":
+            path.write_bytes(b"not an entry\n{")
+        else:  # a well-formed entry naming a function that is not there
+            from kiln.compiler import build
+            body = json.loads(path.read_bytes().partition(b"\n")[2])
+            for desc in body["entry"]["guard_consts"].values():
+                if desc[0] == "object" and desc[2] == "helper":
+                    desc[2] = "no_such_helper"
+            path.write_bytes(build.seal(body))
+    warm, stderr = _run(tmp_path)
+    assert warm["loads"] == 0 and warm["captures"] == 2, warm
+    if damage == "garbage":
+        assert "is damaged" in stderr
+    else:
+        assert warm["stale"] == 2, warm
+
+
+def test_training_step_skips_capture(tmp_path):
+    """A training graph: the warm process loads the capture entry (forward and backward still compile:
+    the graph cache keeps inference graphs only); gradients match eager."""
+    cold, _ = _run(tmp_path, train="True")
+    assert cold["stores"] == 1, cold
+    warm, _ = _run(tmp_path, train="True")
+    assert warm["captures"] == 0 and warm["loads"] == 1, warm
+
+
+def test_an_entry_checking_a_live_function_by_identity_is_not_stored(tmp_path):
+    """A global that is a closure made at run time exists in one process only: its entry stays there."""
+    prelude = "def make_adder(n):\n    return lambda t: t + n\nhelper = make_adder(1.5)"
+    cold, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
+    assert cold["stores"] == 0 and cold["captures"] == 2, cold
+    warm, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
+    assert warm["captures"] == 2 and warm["loads"] == 0, warm
