@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from kiln import config as config_mod
+from kiln.config import config as settings  # (the settings object, however kiln.config is bound)
 from kiln.capture import capture_cache, dynamic as dynamic_mod, fx_sources, torch_caches
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import compilation_disabled, is_disabled_function
@@ -81,18 +81,18 @@ class CodeCache:
                     return e
             if self.eager_reason is not None:
                 return None
-            if len(self.entries) >= config_mod.config.cache_size_limit:
+            if len(self.entries) >= settings.cache_size_limit:
                 if self.fullgraph:  # fullgraph promises compiled code: no silent eager run
                     raise FailOnRecompileLimitHit(
                         f"{self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}) hit "
-                        f"cache_size_limit={config_mod.config.cache_size_limit} under fullgraph=True. "
+                        f"cache_size_limit={settings.cache_size_limit} under fullgraph=True. "
                         f"Last guard failure: {self._failure_text(F, L)}")
                 if not self.warned_limit:
                     self.warned_limit = True
                     log("perf_hints", "%s recompiled %d times; raise kiln.config.cache_size_limit or make the "
                         "changing input static", self.code.co_qualname, len(self.entries))
                     warnings.warn(f"kiln: {self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}) "
-                                  f"hit cache_size_limit={config_mod.config.cache_size_limit}; it now runs eagerly. "
+                                  f"hit cache_size_limit={settings.cache_size_limit}; it now runs eagerly. "
                                   f"Last guard failure: {self._failure_text(F, L)}", RuntimeWarning, stacklevel=4)
                 return None
             if self.entries:
@@ -148,13 +148,13 @@ class CodeCache:
         return str(self.entries[-1].first_failure(F, L))
 
     def _log_recompile(self, F, L):
-        if not (enabled("recompiles") or config_mod.config.verbose):
+        if not (enabled("recompiles") or settings.verbose):
             return
         reasons = [f"    - entry {i}: {e.first_failure(F, L)}" for i, e in enumerate(self.entries)]
         msg = (f"Recompiling {self.code.co_qualname} ({self.code.co_filename}:{self.code.co_firstlineno}), "
                f"triggered by guard failure(s):\n" + "\n".join(reasons))
         log("recompiles", "%s", msg)
-        if config_mod.config.verbose and not enabled("recompiles"):
+        if settings.verbose and not enabled("recompiles"):
             print(f"[kiln] {msg}")
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from kiln import config as config_mod
+from kiln.config import config as settings  # (the settings object, however kiln.config is bound)
 from kiln.capture import autograd_hooks
 from kiln.debug.logs import enabled, log
 from kiln.exc import BackendCompilerFailed
@@ -41,7 +41,7 @@ def backend_for_frame(backend):
     """The backend to compile a frame with: `backend`, or, while a DDP module runs the module it wraps
     (DDP marks itself active around that call) and kiln.config.optimize_ddp is on, one that splits
     each graph at that DDP module's buckets."""
-    if DDP is None or not config_mod.config.optimize_ddp or not dist.is_available():
+    if DDP is None or not settings.optimize_ddp or not dist.is_available():
         return backend
     ddp = DDP._get_active_ddp_module()
     if ddp is None:
@@ -138,7 +138,7 @@ class _CompiledOnFirstCall(torch.nn.Module):
             with autograd_hooks.hidden():  # the program's saved-tensor hooks are for its own ops
                 return self.backend(self.gm, example_inputs)
         except Exception as e:
-            if not config_mod.config.suppress_errors:
+            if not settings.suppress_errors:
                 raise BackendCompilerFailed(self.backend_name, e) from e
             warnings.warn(f"kiln: backend {self.backend_name!r} raised {type(e).__name__}: {e}; "
                           f"one DDP bucket's graph runs eagerly")
