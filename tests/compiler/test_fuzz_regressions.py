@@ -235,3 +235,12 @@ def test_python_float_beside_a_half_precision_tensor_is_rounded_as_eager_rounds_
                 torch.clamp(torch.fmod(a, -2.7), min=a))
     for dtype in (torch.bfloat16, torch.float16):
         check(fn, lambda: (torch.arange(-400, 400).to(dtype) / 64,))
+
+
+def test_expanded_output_is_not_stored_over_its_input():
+    # seed 31209: erf(t).expand(2, 4) is an output of strides (0, 1); its kernel stores each
+    # element twice. Written over t's memory (t dead after it), the second store read the first's
+    # result: erf(erf(t)) (t from an aten call, here a matmul)
+    def fn(a, b):
+        return torch.erf(a @ b).expand(2, 3, 4)
+    check(fn, lambda: (grid(3, 5), grid(5, 4, seed=1)), exact=False)
