@@ -10,6 +10,7 @@ import torch
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const, index_expr
 from kiln.compiler.lowering_base import (ONE, ZERO, Fallback, aten, broadcast, broadcast_map, calc_dtype, check_real,
+                                         kernel_operands, one_element,
                                          index_checker, norm_dim, op, out_sizes, pointwise, prims, promoted, register,
                                          scalar, sym_layout)
 
@@ -88,20 +89,13 @@ def logical_not(ctx, x):
     return pointwise(ctx, lambda a: op("logical_not", a, dtype=torch.bool), x, compute=torch.bool)
 
 
-def _scalar_in_tensor_dtype(a, b):
-    """`b` as eager's add, sub, fmod and remainder kernels use a Python float beside a bfloat16 or
-    float16 tensor: rounded to the tensor's dtype first (bf16(x) - 2.7 subtracts bf16(2.7) =
-    2.703125), then computed in float; mul and div keep the float as is."""
-    if isinstance(a, TensorValue) and a.dtype in (torch.bfloat16, torch.float16) and type(b) is float:
-        return float(torch.tensor(b, dtype=a.dtype))
-    return b
-
-
 def _with_alpha(name):
     def lower(ctx, a, b, alpha=None):
         check_real(a, b)
-        a, b = _scalar_in_tensor_dtype(b, a), _scalar_in_tensor_dtype(a, b)  # (`2.7 - t` is sub(2.7, t))
+        common = ctx.out_meta().dtype
+        a, b = kernel_operands(common, (a, b))
         if alpha is not None and alpha != 1:
+            alpha = kernel_operands(common, (alpha,))[0]  # eager's add kernel rounds alpha too
             return pointwise(ctx, lambda x, y: op(name, x, op("mul", y, const(alpha, y.dtype))), a, b)
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
     return lower
@@ -128,11 +122,16 @@ BINARY = {
 }
 
 
-def _binary(name):
+# ops whose CPU kernel reads a one-element second operand at full precision, not rounded to a half
+# common dtype (eager's mul/div kernels: `bf16 * 0.3` multiplies by 0.3f, `bf16 + 0.3` adds 0.30078125)
+EXACT_SECOND_OPERAND = ("mul", "truediv", "floordiv")
+
+
+def _binary(name, narrow=True):
     def lower(ctx, a, b):
         check_real(a, b)
-        if name in ("fmod", "remainder"):
-            b = _scalar_in_tensor_dtype(a, b)
+        if narrow:
+            a, b = kernel_operands(ctx.out_meta().dtype, (a, b), exact=(1,) if name in EXACT_SECOND_OPERAND else ())
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
     return lower
 
@@ -144,6 +143,7 @@ for _target, _name in BINARY.items():
 @register(aten.div.Tensor, aten.div.Scalar)
 def div(ctx, a, b):
     check_real(a, b)
+    a, b = kernel_operands(ctx.out_meta().dtype, (a, b), exact=(1,))
     return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
 
 
@@ -151,10 +151,14 @@ def div(ctx, a, b):
 def div_mode(ctx, a, b, rounding_mode=None):
     check_real(a, b)
     dtype = ctx.out_meta().dtype
+    a, b = kernel_operands(dtype, (a, b), exact=(1,))
     if rounding_mode is None:
         return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
     if rounding_mode == "floor":
         return pointwise(ctx, lambda x, y: op("floordiv", x, y), a, b)
+    if dtype.is_floating_point and dtype in ir.HALF_DTYPES and not one_element(b):
+        # eager's half kernel rounds the quotient to the half dtype before truncating it
+        return pointwise(ctx, lambda x, y: op("trunc", cast(cast(op("truediv", x, y), dtype), x.dtype)), a, b)
     if dtype.is_floating_point:
         return pointwise(ctx, lambda x, y: op("trunc", op("truediv", x, y)), a, b)
     return pointwise(ctx, lambda x, y: op("truncdiv", x, y), a, b)
@@ -164,6 +168,7 @@ def div_mode(ctx, a, b, rounding_mode=None):
 def pow_(ctx, a, b):
     check_real(a, b)
     dtype = ctx.out_meta().dtype
+    a, b = kernel_operands(dtype, (a, b))
     if not dtype.is_floating_point:
         if isinstance(b, TensorValue) or b < 0:
             raise Fallback("integer pow with tensor or negative exponent")
@@ -194,6 +199,7 @@ def _comparison(name, logical=False):
     def lower(ctx, a, b):
         check_real(a, b)
         compute = torch.bool if logical else promoted(a, b)
+        a, b = kernel_operands(compute, (a, b))
         return pointwise(ctx, lambda x, y: op(name, x, y, dtype=torch.bool), a, b, compute=compute)
     return lower
 
@@ -628,8 +634,8 @@ def sum_(ctx, x, dims=None, keepdim=False, dtype=None):
 @register(aten.prod.default, aten.prod.dim_int)
 def prod(ctx, x, dim=None, keepdim=False, dtype=None):
     check_real(x)
-    if isinstance(dim, torch.dtype):
-        dim, dtype = None, dim
+    if isinstance(dim, torch.dtype):  # prod(x, dtype): the output dtype comes from the node's meta
+        dim = None
     if ctx.out_meta().dtype == torch.float16:  # kernels accumulate halves in float: 256*256/256 is no inf
         raise Fallback("float16 prod: eager rounds every partial product to float16")
     return reduction(ctx, x, reduce_dims(x, dim), keepdim, "prod", ctx.out_meta().dtype)
@@ -946,4 +952,4 @@ def prims_div(ctx, a, b):
 
 for _target, _name in {prims.mul.default: "mul", prims.add.default: "add", prims.sub.default: "sub",
                        prims.maximum.default: "maximum", prims.minimum.default: "minimum"}.items():
-    register(_target)(_binary(_name))
+    register(_target)(_binary(_name, narrow=False))  # prims take operands already converted
