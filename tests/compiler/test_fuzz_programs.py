@@ -1262,13 +1262,15 @@ def assert_same(actual, expected, tol, what, src, reference=None):
 
 def assert_within(actual, expected, tol, reference, what, src):
     """Each float of `actual` within `tol` (rtol, atol) of eager's, or, given the float64 reference
-    (the module doc's Reference), no further from it than eager's value is, give or take `tol`."""
+    (the module doc's Reference), no further from it than eager's value is, give or take `tol` (where
+    eager's value is inf or NaN and the reference's a number: within `tol` of the reference)."""
     rtol, atol = tol
     a, b = actual.double(), expected.double()
-    bad = ~(((a - b).abs() <= atol + rtol * b.abs()) | (a == b) | (a.isnan() & b.isnan()))
+    bad = ~(((a - b).abs() <= atol + rtol * b.abs()) & b.isfinite() | (a == b) | (a.isnan() & b.isnan()))
     if reference is not None and reference.shape == a.shape and bool(bad.any()):
         r = reference.double()
-        bad &= ~((a - r).abs() <= (b - r).abs() + atol + rtol * r.abs())
+        eager_off = (b - r).abs().nan_to_num(0, 0, 0)  # eager overflowed (inf, NaN): kiln within tol of r
+        bad &= ~((a - r).abs() <= eager_off + atol + rtol * r.abs())
     if bool(bad.any()):
         diff = (a - b).abs()[bad]
         ref = f", float64 reference {reference.double()[bad][:4].tolist()}" if reference is not None else ""
@@ -1326,6 +1328,10 @@ def test_a_value_is_right_where_it_is_no_further_from_the_reference_than_eager()
         assert_within(torch.tensor([1.01]), eager, tol, reference, "x", "")
     with pytest.raises(AssertionError):
         assert_within(torch.tensor([1.01]), eager, tol, None, "x", "")
+    inf = torch.tensor([math.inf])  # eager overflowed: kiln within tolerance of the reference
+    assert_within(torch.tensor([1.00001]), inf, tol, reference, "x", "")
+    with pytest.raises(AssertionError):
+        assert_within(torch.tensor([1.5]), inf, tol, reference, "x", "")
 
 
 def _grid_input(name, shape, dtype, seed, layout="contiguous"):
