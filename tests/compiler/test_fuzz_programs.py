@@ -1232,12 +1232,12 @@ def assert_accurate(actual, expected, tol, expr, x, inputs, what, src):
     assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), f"{what}: dtype or shape\n{src}"
     rtol, atol = tol
     a, b = actual.double(), expected.double()
-    close = ((a - b).abs() <= atol + rtol * b.abs()) | (a == b) | (a.isnan() & b.isnan())
+    close = ((a - b).abs() <= atol + rtol * b.abs()) & b.isfinite() | (a == b) | (a.isnan() & b.isnan())
     if bool(close.all()):
         return
     exact = eval(expr, {"torch": torch, "F": ACCURATE_F}, {x: inputs[x].double()})
-    kiln_err, eager_err = (a - exact).abs(), (b - exact).abs()
-    better = (kiln_err <= 4 * eager_err + atol + rtol * exact.abs()) | (a == exact)
+    kiln_err, eager_err = (a - exact).abs(), (b - exact).abs().nan_to_num(0, 0, 0)  # eager inf: kiln near exact
+    better = (kiln_err <= 4 * eager_err + atol + rtol * exact.abs()) & exact.isfinite() | (a == exact)
     bad = ~(close | better)
     assert not bool(bad.any()), (f"{what} (special function, relative): kiln {a[bad][:4].tolist()}, eager "
                                  f"{b[bad][:4].tolist()}, float64 {exact[bad][:4].tolist()}\n{src}")
@@ -1270,7 +1270,7 @@ def assert_within(actual, expected, tol, reference, what, src):
     if reference is not None and reference.shape == a.shape and bool(bad.any()):
         r = reference.double()
         eager_off = (b - r).abs().nan_to_num(0, 0, 0)  # eager overflowed (inf, NaN): kiln within tol of r
-        bad &= ~((a - r).abs() <= eager_off + atol + rtol * r.abs())
+        bad &= ~(((a - r).abs() <= eager_off + atol + rtol * r.abs()) & r.isfinite())
     if bool(bad.any()):
         diff = (a - b).abs()[bad]
         ref = f", float64 reference {reference.double()[bad][:4].tolist()}" if reference is not None else ""
@@ -1332,6 +1332,18 @@ def test_a_value_is_right_where_it_is_no_further_from_the_reference_than_eager()
     assert_within(torch.tensor([1.00001]), inf, tol, reference, "x", "")
     with pytest.raises(AssertionError):
         assert_within(torch.tensor([1.5]), inf, tol, reference, "x", "")
+    with pytest.raises(AssertionError):  # the reference overflowed too: only eager's inf matches
+        assert_within(torch.tensor([-math.inf]), inf, tol, inf.double(), "x", "")
+
+
+def test_an_infinity_is_matched_only_by_itself():
+    # |a - inf| <= rtol * inf holds for every a: -inf, or any number, passed for an eager inf
+    x = {"a0": torch.tensor([1000.0, 89.0])}  # float32 cosh overflows at both, float64 at 1000 only
+    eager, right = torch.tensor([math.inf, math.inf]), torch.tensor([math.inf, math.cosh(89.0)])
+    assert_accurate(right, eager, (1e-4, 0), "torch.cosh(a0)", "a0", x, "x", "")
+    for wrong in ([-math.inf, right[1]], [1.0, right[1]], [math.inf, 1.0]):
+        with pytest.raises(AssertionError):
+            assert_accurate(torch.tensor(wrong), eager, (1e-4, 0), "torch.cosh(a0)", "a0", x, "x", "")
 
 
 def _grid_input(name, shape, dtype, seed, layout="contiguous"):
