@@ -178,16 +178,20 @@ def pow_(ctx, a, b):
     # a vector powf call costs ~15 ns/element (GELU-tanh's x**3 made its kernel 10x slower).
     if not isinstance(b, TensorValue) and b == 2:
         return pointwise(ctx, lambda x: op("mul", x, x), a)
+    # eager's bfloat16 kernel computes these in bfloat16 vectors: x*x is rounded before the next step
+    def step(e):
+        return cast(cast(e, dtype), e.dtype) if dtype == torch.bfloat16 else e
     if not isinstance(b, TensorValue) and b == 3:
-        return pointwise(ctx, lambda x: op("mul", op("mul", x, x), x), a)
-    if not isinstance(b, TensorValue) and b == 0.5:
+        return pointwise(ctx, lambda x: op("mul", step(op("mul", x, x)), x), a)
+    # (not for float16, whose kernel calls pow: pow(-inf, 0.5) is inf, sqrt(-inf) NaN; pow(-0., 0.5) +0.)
+    if not isinstance(b, TensorValue) and b == 0.5 and dtype != torch.float16:
         return pointwise(ctx, lambda x: op("sqrt", x), a)
-    if not isinstance(b, TensorValue) and b == -0.5:
+    if not isinstance(b, TensorValue) and b == -0.5 and dtype != torch.float16:
         return pointwise(ctx, lambda x: op("rsqrt", x), a)
     if not isinstance(b, TensorValue) and b == -1:
         return pointwise(ctx, lambda x: op("reciprocal", x), a)
     if not isinstance(b, TensorValue) and b == -2:
-        return pointwise(ctx, lambda x: op("reciprocal", op("mul", x, x)), a)
+        return pointwise(ctx, lambda x: op("reciprocal", step(op("mul", x, x))), a)
     return pointwise(ctx, lambda x, y: op("pow", x, y), a, b)
 
 
@@ -598,12 +602,18 @@ def reduce_dims(x, dims):
     return sorted({norm_dim(d, x.ndim) for d in dims})
 
 
+NO_IDENTITY = ("max", "min", "argmax", "argmin")
+
+
 def reduction(ctx, x, dims, keepdim, reduction_type, dtype, value_fn=None, acc_dtype=None):
     """Reduce `x` over `dims`; value_fn(value, full_index) -> the Expr reduced (default: x)."""
     out_dims = [d for d in range(x.ndim) if d not in dims]
     sizes = [ONE if d in dims else x.sizes[d] for d in range(x.ndim)] if keepdim else [x.sizes[d] for d in out_dims]
     reduction_sizes = [x.sizes[d] for d in dims]
     acc_dtype = acc_dtype or calc_dtype(dtype)
+    if reduction_type in NO_IDENTITY and not all(ctx.facts.known(sympy.Ge(s, 1)) for s in reduction_sizes):
+        # eager raises on an empty max/min/argmax; aten raises the same error when the kernel runs
+        raise Fallback(f"{reduction_type} over a dim that may be empty")
 
     def inner(idx, ridx):
         full, it, rit = [], iter(idx), iter(ridx)
