@@ -63,6 +63,45 @@ def _pow_bool(self, exponent):
     return NotImplemented
 
 
+_SQRT_HALF = 0.70710678118654752440
+_TANH_BETA = 0.79788456080286535588  # sqrt(2 / pi)
+_TANH_KAPPA = 0.044715
+
+
+def _in_opmath(fn):
+    """fn computed in float for bfloat16/float16 tensors and rounded once, as eager's kernels do."""
+    @functools.wraps(fn)
+    def run(*args, approximate="none"):
+        half = args[-1].dtype in (torch.float16, torch.bfloat16)
+        out = fn(*(a.float() if half else a for a in args), approximate=approximate)
+        return out.to(args[-1].dtype) if half else out
+    return run
+
+
+@_in_opmath
+def _gelu(a, approximate="none"):
+    """gelu in a form that does not cancel: torch's a/2 * (1 + erf(a/sqrt2)) loses half its digits
+    at a = -5 and all at a = -8 (erf rounds to -1), where a/2 * erfc(-a/sqrt2) keeps them; the tanh
+    form likewise as a * sigmoid(2u) (= a/2 * (1 + tanh(u)))."""
+    if approximate == "tanh":
+        return a * torch.sigmoid(2 * _TANH_BETA * (a + _TANH_KAPPA * a * a * a))
+    return a * 0.5 * torch.erfc(a * -_SQRT_HALF)
+
+
+@_in_opmath
+def _gelu_backward(grad, a, approximate="none"):
+    """gelu's derivative without the same cancellation (see _gelu): the normal cdf as erfc, and
+    for tanh, 1 + tanh(u) = 2 sigmoid(2u) and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u)."""
+    if approximate == "tanh":
+        u2 = 2 * _TANH_BETA * (a + _TANH_KAPPA * a * a * a)
+        s, s_neg = torch.sigmoid(u2), torch.sigmoid(-u2)
+        du = _TANH_BETA * (1 + 3 * _TANH_KAPPA * a * a)
+        return grad * (s + 2 * a * s * s_neg * du)
+    cdf = 0.5 * torch.erfc(a * -_SQRT_HALF)
+    pdf = (0.5 * _SQRT_HALF * 1.12837916709551257390) * torch.exp(a * a * -0.5)  # 1 / sqrt(2 pi)
+    return grad * (cdf + a * pdf)
+
+
 @functools.lru_cache(maxsize=2)
 def _table(fallback_random):
     table = dict(core_aten_decompositions().items())
@@ -70,6 +109,8 @@ def _table(fallback_random):
     table[aten.copy.default] = _copy
     table[aten.embedding.default] = _embedding
     table[aten.pow.Tensor_Scalar] = _pow_bool
+    table[aten.gelu.default] = _gelu
+    table[aten.gelu_backward.default] = _gelu_backward
     whole = {getattr(p, o) for p in KEEP_WHOLE for o in p.overloads()}
     return {op: fn for op, fn in table.items()
             if op not in whole and not (fallback_random and _is_random(op))}

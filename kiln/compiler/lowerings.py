@@ -56,16 +56,16 @@ def silu(ctx, x):
 
 @register(aten.gelu)
 def gelu(ctx, x, approximate="none"):
+    """As decompositions._gelu: forms that do not cancel for x << 0."""
     check_real(x)
 
     def fn(a):
-        half = const(0.5, a.dtype)
         if approximate == "tanh":
-            inner = op("mul", const(math.sqrt(2 / math.pi), a.dtype),
-                       op("add", a, op("mul", const(0.044715, a.dtype), op("mul", a, op("mul", a, a)))))
-            return op("mul", op("mul", half, a), op("add", const(1.0, a.dtype), op("tanh", inner)))
-        erf = op("erf", op("mul", a, const(math.sqrt(0.5), a.dtype)))
-        return op("mul", op("mul", a, half), op("add", const(1.0, a.dtype), erf))
+            cube = op("mul", const(0.044715, a.dtype), op("mul", a, op("mul", a, a)))
+            inner = op("mul", const(2 * math.sqrt(2 / math.pi), a.dtype), op("add", a, cube))
+            return op("mul", a, op("sigmoid", inner))
+        erfc = op("erfc", op("mul", a, const(-math.sqrt(0.5), a.dtype)))
+        return op("mul", op("mul", a, const(0.5, a.dtype)), erfc)
     return pointwise(ctx, fn, x)
 
 

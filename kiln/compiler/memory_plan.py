@@ -92,6 +92,7 @@ def inplace_writes(program):
             for name in sorted(node.reads):
                 if (name in owned and name not in kept and last.get(name) == k and name not in out.values()
                         and _same_memory(program.buffers[name].layout, node.layout)
+                        and _stores_each_element_once(node.layout)
                         and _reads_only_where_stored(step, node, name)):
                     out[node.name] = name
                     break
@@ -123,6 +124,21 @@ def _same_memory(a, b):
     """Whether a value of layout b can be stored in the memory of a buffer of layout a."""
     return a.dtype == b.dtype and a.device == b.device and not ir.is_symbolic(storage_bytes(a)) and \
         storage_bytes(a) == storage_bytes(b) > 0
+
+
+def _stores_each_element_once(layout):
+    """Whether no two elements of a static `layout` share memory. A kernel storing into an expanded
+    layout (stride 0: `erf(t).expand(2, 4)` as the output) stores an element more than once, and
+    over its input's memory the second store would read what the first one wrote."""
+    dims = [(st, s) for s, st in zip(layout.sizes, layout.strides) if s != 1]
+    if any(ir.is_symbolic(s) or ir.is_symbolic(st) for st, s in dims):
+        return False
+    reach = 0  # the furthest offset the smaller-stride dims reach
+    for stride, size in sorted((abs(int(st)), int(s)) for st, s in dims):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
 
 
 def _reads_only_where_stored(kernel, node, name):
