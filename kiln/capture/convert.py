@@ -29,6 +29,7 @@ from kiln.capture.objects import const_value
 from kiln.capture.resume import live_locals, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
+from kiln.debug import break_kinds
 from kiln.debug.logs import enabled, log
 from kiln.exc import BackendCompilerFailed, InternalError, KilnError, Unsupported
 
@@ -270,7 +271,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
 def _detached(reason):
     """The break reason an entry keeps (for explain) without its traceback, whose frames hold the whole
     capture and through it the program's objects (an optimizer and its state, for as long as the cache)."""
-    return None if reason is None else Unsupported(reason.msg, where=reason.where)
+    return None if reason is None else Unsupported(reason.msg, where=reason.where, kind=reason.kind)
 
 
 def _compile_graph(og, glue, backend, code):
@@ -463,7 +464,8 @@ def _dis(code):
 
 
 def _log_break(reason):
-    log("graph_breaks", "graph break: %s", reason)
+    if enabled("graph_breaks"):
+        log("graph_breaks", "%s", break_kinds.describe(reason))
 
 
 def _log_entry(code, entry, og):
