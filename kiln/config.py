@@ -138,7 +138,8 @@ COMPILER_OPTIONS = {
     "cpp.min_parallel_work": Option(32768, "elements below which a kernel runs single-threaded", int, minimum=0),
     "triton.cudagraphs": Option(False, "capture GPU graphs with CUDA graphs"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
-    "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder"),
+    "trace.graph_diagram": Option(False, "with trace.enabled: draw the fx graph and the fused schedule as SVG in "
+                                          "the debug folder (needs graphviz)"),
     "trace.debug_dir": Option(None, "where trace.enabled writes (default ./kiln_debug)", os.PathLike, also=(None,)),
     "debug": Option(False, "extra checks in the compiler"),
     "debug_bounds_checks": Option(False, "generated kernels check every load and store against their buffer and "

@@ -27,6 +27,7 @@ from kiln.capture import dynamic
 from kiln.capture.guards import GuardSet
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
+from kiln.capture import user_lines
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable, SetVariable,
                                     SliceVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable, Variable,
@@ -110,6 +111,7 @@ class OutputGraph:
         self._keepalive = []
         self._names = set()
         self.code_name = code_name
+        self.frame = None  # the interpreter frame running now: each node records its user line
         self.hook_globals_guarded = False
         self.entered = []  # real autocast modes entered during capture (left again in any case)
         self.grad_enabled = torch.is_grad_enabled()
@@ -395,6 +397,8 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, tuple(_to_nodes(list(args))), _to_nodes(dict(kwargs)),
                                       name=self._unique(_node_name(target)))
         node.meta["example_value"] = result
+        node.meta["stack_trace"] = user_lines.stack_trace(self.frame)
+        node.meta["source_fn_stack"] = [(node.name, target)]  # what the user called (aot copies it on)
         return self._result_variable(node, result, tensors_in)
 
     def guard_tensor_fact(self, name, tensors):

@@ -169,6 +169,7 @@ class Frame:
         while True:
             inst = self.insts[self.ip]
             self.current = inst
+            self.og.frame = self  # (after an inlined call returns, its caller is the running frame again)
             if self.parent is None and inst.offset == capture.break_at:
                 return capture.graph_break(self, inst)
             self.ip += 1

@@ -16,6 +16,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
 from kiln.compiler import lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter
+from kiln.compiler.provenance import origin_nodes
 from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext, sym_layout
 from kiln.compiler.size_facts import SizeFacts
 from kiln.debug.logs import log
@@ -71,6 +72,10 @@ class GraphLowering(LoweringContext):
         # symbols (not integer) -> Python source computing them from the size symbols
         self.symbol_sources = {}
         self.facts = SizeFacts.of_graph(gm)  # what the guards proved about symbolic sizes
+        # provenance: buffer name -> the aten nodes it computes (see compiler/provenance)
+        self.origins = {}
+        self.origin_node = None  # the node whose lowering makes buffers now
+        self.node_order = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     # ---- buffers -------------------------------------------------------------------------
     def new_name(self):
@@ -79,6 +84,7 @@ class GraphLowering(LoweringContext):
     def add_buffer(self, buf):
         self.buffers.append(buf)
         self.buffer_by_name[buf.name] = buf
+        self.origins[buf.name] = origin_nodes(self.origin_node, self.env)
         return buf
 
     def realize(self, value, layout=None):
@@ -120,6 +126,7 @@ class GraphLowering(LoweringContext):
                 buf = self.add_buffer(ir.ConstantBuffer(f"const{len(self.buffers)}", sym_layout(value), value))
                 self.env[node] = ir.view_value(buf.name, buf.layout)
             elif node.op == "call_function":
+                self.origin_node = node
                 self.env[node] = with_eager_strides(self.lower_node(node), node.meta.get("val"))
                 self.maybe_realize_shared(node)
             elif node.op == "output":
@@ -220,6 +227,7 @@ class GraphLowering(LoweringContext):
     # ---- outputs -------------------------------------------------------------------------
     def lower_outputs(self, node):
         for position, out in enumerate(node.args[0]):
+            self.origin_node = out
             value = self.lookup(out)
             if not isinstance(value, ir.TensorValue):
                 self.outputs.append(("value", value))

@@ -327,7 +327,7 @@ def generate(program, memory, options, symbols=()):
         first_site = len(checks.sites)
         for kernel in entry.kernels:
             writer = KernelWriter(kernel, program, memory, options, pointer_of, checks)
-            lines = writer.write()
+            lines = [f"  // {line}" for line in kernel.provenance] + writer.write()
             body += writer.memory.finish(lines)  # the index checks wired into its loops
         entry.checks = checks.sites[first_site:]
         entry.args = args
