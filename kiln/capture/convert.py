@@ -129,10 +129,14 @@ class Capture:
 
 def _detached(error):
     """`error` without its traceback and chained exceptions: a cache entry keeps it (to say why the
-    graph broke), and a traceback would keep capture's frames alive, and the user's function with them."""
-    error.__traceback__ = error.__cause__ = error.__context__ = None
-    if error.python_exception is not None:
-        error.python_exception.__traceback__ = None
+    graph broke), and a traceback would keep capture's frames alive, and through them the program's
+    objects (an optimizer and its state) for as long as the cache. The error keeps its message, place
+    and the Python exception it stands for."""
+    if error is None:
+        return None
+    for e in (error, error.python_exception):
+        if e is not None:
+            e.__traceback__ = e.__cause__ = e.__context__ = None
     return error
 
 
@@ -268,12 +272,6 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
     return entry
 
 
-def _detached(reason):
-    """The break reason an entry keeps (for explain) without its traceback, whose frames hold the whole
-    capture and through it the program's objects (an optimizer and its state, for as long as the cache)."""
-    return None if reason is None else Unsupported(reason.msg, where=reason.where, kind=reason.kind)
-
-
 def _compile_graph(og, glue, backend, code):
     og.graph.output(tuple(v.node for v in glue.outputs))
     _drop_unused_sizes(og.graph)
@@ -337,7 +335,7 @@ def _break_tail(cap, glue, brk):
         taken = resume(below + [value] if keep else below, inst.argval, [])
         fallthrough = resume(below, next_offset, [])
         native = [f"__c = {'' if jumps_if else 'not '}{v}"]
-        after = [f"if __c:", f"    {taken}", fallthrough]
+        after = ["if __c:", f"    {taken}", fallthrough]
     else:
         if inst.opname in ("CALL", "CALL_KW"):
             n = inst.arg

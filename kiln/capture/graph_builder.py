@@ -456,7 +456,7 @@ class OutputGraph:
             for i, r in enumerate(result):
                 if isinstance(r, (torch.Tensor, tuple, list)) or _has_symbols([r]):
                     item = self.graph.create_node("call_function", operator.getitem, (node, i), {},
-                                                  name=self._unique(f"getitem"))
+                                                  name=self._unique("getitem"))
                     item.meta["example_value"] = r
                     items.append(self._result_variable(item, r, tensors_in))
                 elif is_constant(r):

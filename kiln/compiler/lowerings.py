@@ -628,8 +628,8 @@ def sum_(ctx, x, dims=None, keepdim=False, dtype=None):
 @register(aten.prod.default, aten.prod.dim_int)
 def prod(ctx, x, dim=None, keepdim=False, dtype=None):
     check_real(x)
-    if isinstance(dim, torch.dtype):
-        dim, dtype = None, dim
+    if isinstance(dim, torch.dtype):  # prod(x, dtype): the output dtype comes from the node's meta
+        dim = None
     if ctx.out_meta().dtype == torch.float16:  # kernels accumulate halves in float: 256*256/256 is no inf
         raise Fallback("float16 prod: eager rounds every partial product to float16")
     return reduction(ctx, x, reduce_dims(x, dim), keepdim, "prod", ctx.out_meta().dtype)

@@ -136,7 +136,6 @@ def _scan(writer, node):
 # ---- scatter ------------------------------------------------------------------------------------
 
 def _scatter(writer, node):
-    plan = node.sequential
     dtype = node.layout.dtype
     if dtype in ir.HALF_DTYPES:
         raise NotImplementedError("scatter into a half dtype")  # lowerings decline these
