@@ -24,45 +24,68 @@ def _dtype(d):
 
 
 class ExprText:
-    """Prints Expr DAGs into `lines`: a node with several users becomes a named temporary, once."""
+    """Prints Expr DAGs into `lines`. Equal subexpressions (equal by structure, as codegen shares
+    them, not only the same object) used more than once become one named temporary, defined once."""
 
     def __init__(self, lines, indent="    "):
         self.lines, self.indent = lines, indent
-        self.names = {}
+        self.names = {}   # structural key -> temporary name
+        self.keys = {}    # structure -> key (hash-consing: no exponential strings for shared DAGs)
 
     def __call__(self, root):
-        uses = collections.Counter(id(c) for e in root.walk() for c in e.children())
-        return self._text(root, uses)
+        memo = {}
+        self._key(root, memo)
+        uses = collections.Counter()
+        for key, children in {k: c for k, c in memo.values()}.items():
+            uses.update(children)
+        return self._text(root, {id_: k for id_, (k, _) in memo.items()}, uses)
 
-    def _text(self, e, uses):
-        if id(e) in self.names:
-            return self.names[id(e)]
-        text = self._render(e, uses)
-        if uses[id(e)] > 1 and e.op not in ("const", "index"):
+    def _key(self, e, memo):
+        found = memo.get(id(e))
+        if found is None:
+            children = tuple(self._key(c, memo) for c in e.children())
+            structure = (e.op, e.dtype, children, _leaf_args(e))
+            found = memo[id(e)] = (self.keys.setdefault(structure, len(self.keys)), children)
+        return found[0]
+
+    def _text(self, e, key_of, uses):
+        key = key_of[id(e)]
+        if key in self.names:
+            return self.names[key]
+        text = self._render(e, key_of, uses)
+        if uses[key] > 1 and e.op not in ("const", "index"):
             name = f"t{len(self.names)}"
             self.lines.append(f"{self.indent}{name}: {_dtype(e.dtype)} = {text}")
-            self.names[id(e)] = name
+            self.names[key] = name
             return name
         return text
 
-    def _render(self, e, uses):
+    def _render(self, e, key_of, uses):
         op, args = e.op, e.args
+        sub = lambda a: self._text(a, key_of, uses)  # noqa: E731
         if op == "const":
             return repr(args[0])
         if op == "index":
             return f"index({args[0]})"
         if op == "load":
             name, index, bindings = args
-            bound = "".join(f", {s}={self._text(v, uses)}" for s, v in bindings)
+            bound = "".join(f", {s}={sub(v)}" for s, v in bindings)
             return f"{name}[{index}{bound}]"
         if op == "check_index":
-            return f"check_index({self._text(args[0], uses)}, < {args[1]})"
-        inner = [self._text(a, uses) if isinstance(a, ir.Expr) else repr(a) for a in args]
+            return f"check_index({sub(args[0])}, < {args[1]})"
+        inner = [sub(a) if isinstance(a, ir.Expr) else repr(a) for a in args]
         if op in ("cast", "round_to"):
             return f"{op}<{_dtype(e.dtype)}>({inner[0]})"
         if op in _INFIX and len(inner) == 2:
             return f"({inner[0]} {_INFIX[op]} {inner[1]})"
         return f"{op}({', '.join(inner)})"
+
+
+def _leaf_args(e):
+    """What besides its operands tells one Expr from another (a load's buffer and index, a constant)."""
+    if e.op == "load":
+        return (e.args[0], str(e.args[1]), tuple(str(s) for s, _ in e.args[2]))
+    return tuple(repr(a) for a in e.args if not isinstance(a, ir.Expr))
 
 
 def _loops(node):

@@ -84,7 +84,7 @@ class GraphLowering(LoweringContext):
     def add_buffer(self, buf):
         self.buffers.append(buf)
         self.buffer_by_name[buf.name] = buf
-        self.origins[buf.name] = origin_nodes(self.origin_node, self.env)
+        self.origins[buf.name] = sorted(origin_nodes(self.origin_node, self.env), key=self.node_order.get)
         return buf
 
     def realize(self, value, layout=None):

@@ -122,7 +122,7 @@ def recompiling(code, entries, F, L, evaluate):
 def _value_text(value):
     import torch
     if isinstance(value, torch.Tensor):
-        return f"Tensor {str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+        return f"size {list(value.shape)}, {str(value.dtype).replace('torch.', '')}"
     if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
         return f"size {list(value)}"
     text = repr(value)
