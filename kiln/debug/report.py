@@ -94,6 +94,13 @@ def frame_eager(recording, reason):
     _record(frame)
 
 
+def size_pinned(what, where):
+    """Capture found a dynamic size forced to one value (or tied to another) by the user's line `where`."""
+    frame = _current_frame() if _active else None
+    if frame is not None and (what, where) not in frame.pinned_sizes:  # (capture may run a frame twice)
+        frame.pinned_sizes.append((what, where))
+
+
 def _record(frame):
     for report in _active:
         report.frames.append(frame)
@@ -147,7 +154,8 @@ def dynamic_dims(gm):
     for node in gm.graph.find_nodes(op="placeholder"):
         value, source = node.meta.get("example_value"), node.meta.get("source", node.name)
         if isinstance(value, torch.Tensor):
-            out += [f"{source}.size()[{d}] = {s}" for d, s in enumerate(value.shape) if isinstance(s, torch.SymInt)]
+            out += [f"{source}.size()[{d}] = {s}" + (" (made dynamic, then pinned)" if str(s).isdigit() else "")
+                    for d, s in enumerate(value.shape) if isinstance(s, torch.SymInt)]
         elif isinstance(value, (torch.SymInt, torch.SymFloat)):
             out.append(f"{source} = {value}")
     return out

@@ -77,6 +77,7 @@ class Frame:
     graph_break: GraphBreak | None = None
     guards: list = dataclasses.field(default_factory=list)     # guard texts
     dynamic_dims: list = dataclasses.field(default_factory=list)  # "L['x'].size()[0] = s0"
+    pinned_sizes: list = dataclasses.field(default_factory=list)  # (what was pinned and how, the user's line)
     eager_reason: str | None = None
     # compiler results and stage times gathered while this frame compiles
     pending_compiled: list = dataclasses.field(default_factory=list, repr=False)

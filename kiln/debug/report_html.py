@@ -40,6 +40,8 @@ def render(report):
     parts += _stages(report)
     parts += _breaks(report)
     parts += _recompiles(report)
+    parts += _dynamic(report)
+    parts += _graph_index(report)
     parts += _kernel_index(report)
     parts += _frames(report)
     parts.append("</body></html>")
@@ -95,6 +97,34 @@ def _recompiles(report):
         out.append(f"<p><b>{e(r.frame)}</b></p><table><tr><th>cache entry</th><th>failed guard</th><th>checks</th>"
                    f"<th>compiled for</th><th>this call</th></tr>{rows}</table>")
     return out
+
+
+def _dynamic(report):
+    frames = [f for f in report.frames if f.dynamic_dims or f.pinned_sizes]
+    out = [f"<h2>Dynamic dims ({sum(len(f.dynamic_dims) for f in frames)})</h2>"]
+    if not frames:
+        return out + ["<p class='muted'>Every size is static (a size that changes makes it dynamic on recompile).</p>"]
+    rows = "".join(f"<tr><td>{e(f.qualname)} <span class='muted'>#{f.entry_index}</span></td><td>"
+                   + ", ".join(f"<code>{e(d)}</code>" for d in f.dynamic_dims) + "</td><td>"
+                   + "<br>".join(f"{e(what)} at <code>{e(where)}</code>" for what, where in f.pinned_sizes)
+                   + "</td></tr>" for f in frames)
+    return out + ["<table><tr><th>frame (cache entry)</th><th>symbolic sizes</th><th>sizes the program pinned "
+                  f"(and the line that did)</th></tr>{rows}</table>"]
+
+
+def _graph_index(report):
+    out = [f"<h2>Graphs ({len(report.graphs)})</h2>"]
+    rows = []
+    for f in report.frames:
+        g = f.graph
+        if g is None:
+            continue
+        kernels = sum(len(c.kernels) for c in g.compiled)
+        externs = sum(len(c.externs) for c in g.compiled)
+        rows.append(f"<tr><td>graph {g.index}</td><td>{e(f.qualname)} <span class='muted'>#{f.entry_index}</span>"
+                    f"</td><td>{g.op_count}</td><td>{kernels}</td><td>{externs}</td></tr>")
+    return out + ["<table><tr><th>graph</th><th>frame (cache entry)</th><th>ops</th><th>kernels</th>"
+                  "<th>aten calls</th></tr>" + "".join(rows) + "</table>"]
 
 
 def _kernel_index(report):
