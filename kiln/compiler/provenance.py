@@ -13,6 +13,10 @@ import torch
 from kiln.compiler import ir
 
 MAX_NAME_OPS = 3  # ops named in a kernel's name; the comment names them all
+# ops that move or relabel data: named in a kernel's name only when it computes nothing else
+LAYOUT_OPS = {"view", "reshape", "_unsafe_view", "permute", "expand", "transpose", "t", "getitem", "alias",
+              "unsqueeze", "squeeze", "contiguous", "clone", "slice", "select", "as_strided", "split", "to",
+              "_to_copy", "flatten", "unflatten", "narrow", "type_as", "float", "dropout"}
 
 
 def origin_nodes(node, env):
@@ -54,20 +58,28 @@ def user_op(node):
 
 
 def user_line(node):
-    """`file:line: code` of the user's line an aten node came from, or None."""
+    """`file:line in fn: code` of the innermost line in an aten node's stack_trace (where its op is
+    written), or None."""
     trace = node.meta.get("stack_trace")
     if not trace:
         return None
-    m = re.search(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    if m is None:
-        return trace.strip().splitlines()[0]
-    return f"{m.group(1)}:{m.group(2)} in {m.group(3)}: {m.group(4).strip()}"
+    found = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n[ \t]*(.*)', trace)
+    if not found:
+        return trace.strip().splitlines()[-1]
+    filename, line, fn, text = found[-1]
+    return f"{filename}:{line} in {fn}: {text.strip()}"
+
+
+def op_name(node):
+    """`aten.add.Tensor` for an aten node; the function's name for others (getitem)."""
+    return str(node.target) if isinstance(node.target, torch._ops.OpOverload) else \
+        getattr(node.target, "__name__", str(node.target))
 
 
 def kernel_name(nodes, index):
     """`kiln_fused_softmax_add_3`: the user-level ops, in order, and the kernel's position."""
-    ops = list(dict.fromkeys(re.sub(r"\W", "", user_op(n)) for n in nodes))
-    ops = [op for op in ops if op][:MAX_NAME_OPS]
+    ops = [op for op in dict.fromkeys(re.sub(r"\W", "", user_op(n)) for n in nodes) if op]
+    ops = ([op for op in ops if op not in LAYOUT_OPS] or ops)[:MAX_NAME_OPS]
     if not ops:
         return f"kiln_kernel_{index}"
     return f"kiln_{'fused_' if len(nodes) > 1 and len(ops) > 1 else ''}{'_'.join(ops)}_{index}"
@@ -75,7 +87,7 @@ def kernel_name(nodes, index):
 
 def kernel_comment(nodes):
     """The lines of a kernel's leading comment: its aten ops and the user lines they came from."""
-    aten = ", ".join(dict.fromkeys(str(n.target) for n in nodes))
+    aten = ", ".join(dict.fromkeys(map(op_name, nodes)))
     lines = [f"aten: {aten}"] if aten else []
     lines += [f"from {line}" for line in dict.fromkeys(filter(None, map(user_line, nodes)))]
     return [line.replace("*/", "* /").replace("\n", " ") for line in lines]

@@ -1,6 +1,7 @@
 """Graphs drawn as SVG with graphviz (the `graphviz` package and its `dot` program), or None when
 either is missing: a diagram is a nicety, never a reason to fail."""
 import html
+import re
 import shutil
 
 MAX_NODES = 1500  # larger graphs are not drawn (dot takes minutes, and nobody reads the picture)
@@ -27,6 +28,12 @@ def _svg(g):
     return svg[svg.index("<svg"):] if "<svg" in svg else None
 
 
+def short_source(source):
+    """L['model']._modules['h']._modules['0']._parameters['bias'] -> model.h.0.bias"""
+    text = re.sub(r"\._(modules|parameters|buffers)\['([^']+)'\]", r".\2", str(source))
+    return re.sub(r"^[LG]\['([^']+)'\]", r"\1", text)
+
+
 def fx_svg(gm):
     """The torch-level graph: one box per input, op and output, edges where values flow."""
     nodes = list(gm.graph.nodes)
@@ -37,12 +44,13 @@ def fx_svg(gm):
         return None
     for n in nodes:
         if n.op == "placeholder":
-            g.node(n.name, html.escape(str(n.meta.get("source", n.name))), fillcolor="#e8f5e9", shape="ellipse")
+            g.node(n.name, html.escape(short_source(n.meta.get("source", n.name))), fillcolor="#e8f5e9",
+                   shape="ellipse")
         elif n.op == "output":
             g.node(n.name, "output", fillcolor="#fff3e0", shape="ellipse")
         else:
             target = getattr(n.target, "__name__", None) or str(n.target)
-            g.node(n.name, html.escape(f"{n.name}\n{target}"))
+            g.node(n.name, html.escape(target if n.name.rstrip("_0123456789") == target else f"{n.name}\n{target}"))
         for arg in n.all_input_nodes:
             g.edge(arg.name, n.name)
     return _svg(g)

@@ -194,10 +194,10 @@ def graph_compiled(*, aten_gm, graph, program, source, wrapper_source):
     if frame is None:
         return
     from kiln.compiler.ir_printer import print_ir, print_schedule
-    from kiln.compiler.provenance import kernel_origins, kernel_sources, user_line
+    from kiln.compiler.provenance import kernel_origins, kernel_sources, op_name, user_line
     origins = kernel_origins(program, graph)
     codes = kernel_sources(source, [k for k, _ in origins])
-    kernels = [data.Kernel(kernel.name, [n.name for n in kernel.nodes], _unique(str(a.target) for a in nodes),
+    kernels = [data.Kernel(kernel.name, [n.name for n in kernel.nodes], _unique(map(op_name, nodes)),
                            _unique(filter(None, map(user_line, nodes))), codes.get(kernel.name, ""))
                for kernel, nodes in origins]
     frame.pending_compiled.append(data.CompiledGraph(

@@ -4,6 +4,7 @@ import datetime
 import html
 import os
 import sys
+import sysconfig
 
 STAGES = ("capture", "aot", "lowering", "scheduling", "codegen", "build")
 _COLORS = {"capture": "#5b8def", "aot": "#9b6bd6", "lowering": "#e5883a", "scheduling": "#d6b43b",
@@ -25,12 +26,21 @@ text-align:left;vertical-align:top} th{background:#f3f5f8}
 details{border:1px solid #e3e6ea;border-radius:6px;margin:6px 0;padding:4px 8px;background:#fff}
 details>summary{cursor:pointer;font-weight:600} details details{margin-left:10px}
 .kind{display:inline-block;background:#fdecea;color:#a12622;border-radius:10px;padding:0 8px;font-size:12px}
-.ok{color:#2e7d32} .svg{overflow:auto;max-height:600px;border:1px solid #e3e6ea}
+.ok{color:#2e7d32} .svg{overflow:auto;max-height:900px;border:1px solid #e3e6ea}
+.svg svg{max-width:100%;height:auto}
 """
 
 
+# shown shorter: installed packages from their package folder, the user's files from the working directory
+_PREFIXES = sorted({p + os.sep for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                                          os.getcwd())}, key=len, reverse=True)
+
+
 def e(text):
-    return html.escape(str(text))
+    text = str(text)
+    for prefix in _PREFIXES:
+        text = text.replace(prefix, "")
+    return html.escape(text)
 
 
 def render(report):

@@ -158,3 +158,20 @@ def test_report_is_off_by_default():
     with kiln.report() as data:
         assert report.active()
     assert not report.active() and data.frames == []
+
+
+def _scale(t):
+    return t.tanh() * 3
+
+
+def calls_a_helper(x):
+    return _scale(x) + 1
+
+
+def test_stack_trace_is_the_call_chain_and_the_kernel_line_the_innermost():
+    x = torch.randn(16)
+    with kiln.report() as data:
+        torch.testing.assert_close(kiln.compile(calls_a_helper)(x), calls_a_helper(x))
+    (kernel,) = data.kernels
+    assert kernel.user_lines[0].startswith(f"{__file__}:{_line_of(_scale, 't.tanh()')} in _scale")
+    assert "tanh" in kernel.name
