@@ -33,6 +33,8 @@ def stack_trace(frame):
         if _shown(f.code.co_filename):
             chain.append(f)
         f = f.parent
+    if not chain:  # all of it is torch's (a compiled nn.Sequential): the innermost line, torch's own
+        chain = [f for f in [frame] if f is not None and not f.code.co_filename.startswith("<")]
     if not chain:
         return None
     lines = []

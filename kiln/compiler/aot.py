@@ -189,13 +189,13 @@ def _functional_trace(fn, decompositions, example_inputs, state):
         if not _has_mutations(fn.graph):  # already functional: a second trace would change nothing
             return fn
     if isinstance(fn, torch.fx.GraphModule):  # node by node, so each aten node keeps its user line
-        fn = _interpreted(fn)
+        fn = meta_keeping(fn)
     with fx_traceback.preserve_node_meta():
         return make_fx(torch.func.functionalize(fn, remove="mutations"), decomposition_table=decompositions,
                        tracing_mode=mode)(*example_inputs, *state)
 
 
-def _interpreted(gm):
+def meta_keeping(gm):
     """`gm` run by torch.fx.Interpreter: under fx_traceback.preserve_node_meta, each node traced
     through it hands its meta (the user's stack_trace and op, set by capture) to the aten nodes it
     becomes; gm's generated forward would not."""
@@ -218,15 +218,15 @@ def _mutable(value):
     return value
 
 
-class _Interpreting(torch.nn.Module):
-    """A module whose call runs `gm` through _interpreted (torch.func.functional_call needs a module)."""
+class MetaKeepingModule(torch.nn.Module):
+    """A module whose call runs `gm` through meta_keeping (torch.func.functional_call needs a module)."""
 
     def __init__(self, gm):
         super().__init__()
         self.gm = gm
 
     def forward(self, *args):
-        return _interpreted(self.gm)(*args)
+        return meta_keeping(self.gm)(*args)
 
 
 def _has_mutations(graph):
@@ -257,10 +257,10 @@ def _flat_function(gm, num_inputs, state_names):
         before = [_shape(x) for x in inputs]
         with _RefuseOverlappingWrites():
             if state_names:
-                out = torch.func.functional_call(_Interpreting(gm), {f"gm.{name}": t for name, t in zip(
+                out = torch.func.functional_call(MetaKeepingModule(gm), {f"gm.{name}": t for name, t in zip(
                     state_names, flat[num_inputs:])}, tuple(inputs))
             else:
-                out = _interpreted(gm)(*inputs)
+                out = meta_keeping(gm)(*inputs)
         # Only a shape change is refused: the write-back copies values, so an input whose
         # strides change (x.t_() on a square x) still reads as eager's; only its strides differ.
         for i, (x, shape) in enumerate(zip(inputs, before)):

@@ -45,11 +45,34 @@ _kind("python_exception",
       "The captured code raised (or re-raised) a Python exception; kiln runs that path in plain Python.",
       "Avoid exceptions for control flow on the compiled path (check with `if` first).",
       r"\braised\b", r"re-raised", r"^\w*Error\b", r"^KeyError", r"^StopIteration", r"raise statement",
-      r"bare raise", r"re-raising")
+      r"bare raise", r"re-raising", r"raise \.\.\. from", r"missing (keyword )?argument", r"unexpected keyword",
+      r"too many positional", r"multiple values for", r"values to unpack", r"unpacking \w+ values",
+      r"referenced before assignment", r"is not defined", r"from empty", r"not in list", r"empty sequence",
+      r"out of range", r"unexpected (arguments|fields)", r"bad arguments", r"needs field")
+_kind("autograd_function",
+      "A torch.autograd.Function kiln cannot trace as one graph node (its forward or backward does "
+      "something kiln cannot replay: Python side effects, non-tensor results, in-place writes to inputs).",
+      "Keep forward/backward to tensor operations, or call the Function outside the compiled region.",
+      r"autograd\.Function", r"\bctx\.", r"\.backward (changes|returned)", r"\.forward (returned|writes)",
+      r"implements both backward and vjp")
+_kind("numpy",
+      "NumPy code kiln cannot trace through torch (an array from outside the graph, a dtype or function "
+      "without a torch counterpart).",
+      "Use torch tensors in the compiled function, or convert arrays to tensors before calling it.",
+      r"\bnumpy\b", r"\bndarray\b", r"NumPy", r"from_numpy", r"an array\b")
+_kind("module_state",
+      "The code creates, replaces or copies modules and parameters inside the compiled function; the "
+      "graph would not see the new ones.",
+      "Build modules before compiling; inside, only call them.",
+      r"creating module", r"replacing a submodule", r"assigning a parameter", r"copy of module",
+      r"overrides nn\.Module", r"__call__ is not a Python function", r"calling a module")
 _kind("unsupported_call",
       "A call into code kiln cannot follow symbolically (a C extension, a library kiln does not model).",
       "Move the call out of the compiled function, or replace it with torch operations.",
-      r"^call to ", r"^calling ", r"not traced through", r"is not modelled", r"not Python code")
+      r"^call to ", r"^calling ", r"not traced through", r"is not modelled", r"not Python code",
+      r"Python function argument", r"lru_cache", r"with arguments", r"without its receiver", r"os\.fspath",
+      r"^type\(\) with 3", r"^vars\(\)", r"^iter\(callable", r"^id\(\)", r"weakref\.ref with a callback",
+      r"of values capture does not know")
 _kind("global_state",
       "The code changes process-wide state (autograd, hooks, global settings) that a graph cannot "
       "carry; that statement runs between graphs.",
@@ -67,12 +90,19 @@ _kind("unsupported_object",
       "tensor subclass, a sparse tensor, an object with custom __setattr__ or __bool__).",
       "Pass plain tensors, numbers and containers of them; keep exotic objects outside the compiled region.",
       r"attribute", r"tensor subclass", r"sparse", r"__setattr__", r"__bool__", r"method ", r"constructing",
-      r"object passed", r"cannot pass", r"descriptor", r"property", r"truth (value )?of")
+      r"object passed", r"cannot pass", r"descriptor", r"property", r"truth (value )?of",
+      r"^(list|dict|set)\.", r"indexing", r"iterating over", r"next\(\) on", r"^operator ", r"`in` over",
+      r"\*\* over", r"item assignment", r"^Tensor\.", r"setting Tensor", r"passed to a tensor op",
+      r"^copy", r"copy\.", r"__new__", r"__next__ of", r"_replace", r"del on", r"^len\(\)", r"built from",
+      r"a set whose iteration order", r"no known origin", r"whole contents of", r"tensor keys",
+      r"cannot rebuild", r"changed size", r"of a function$", r"^\w+\.\w+$", r"^\w+(\.\w+)? on \w+$",
+      r"slice with non-constant", r"changes after a class", r"with_traceback", r"\(\w+\)$")
 _kind("fake_tensor_failure",
       "A torch operation failed when run on fake tensors (shapes only): usually a shape error in the "
       "program, sometimes an op fake tensors do not support.",
       "Run the function eagerly on the same inputs: if it fails there too, fix the shapes.",
-      r"failed on fake tensors", r"torch check")
+      r"failed on fake tensors", r"torch check", r"op returned", r"op result item", r"returned \w+, which capture",
+      r"real tensor")
 _kind("capture_limit",
       "Capture hit a safety limit (too many steps, too deep recursion, an unbounded loop).",
       "Unroll less in Python (loop over fewer items), or compile a smaller function.",

@@ -174,18 +174,27 @@ def _op_name(target):
 
 
 # ---- hooks: the compiler -----------------------------------------------------------------------
+_stage_children = []  # per stage being timed: the seconds its nested stages took (counted there, not here)
+
+
 @contextlib.contextmanager
 def stage(name):
-    """Time one compiler stage of the frame being compiled."""
+    """Time one compiler stage of the frame being compiled (a stage inside another, lowering inside
+    training's aot, counts for itself only)."""
     frame = _current_frame() if _active else None
     if frame is None:
         yield
         return
     start = time.perf_counter()
+    _stage_children.append(0.0)
     try:
         yield
     finally:
-        frame.pending_stages[name] = frame.pending_stages.get(name, 0.0) + time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        own = elapsed - _stage_children.pop()
+        if _stage_children:
+            _stage_children[-1] += elapsed
+        frame.pending_stages[name] = frame.pending_stages.get(name, 0.0) + own
 
 
 def graph_compiled(*, aten_gm, graph, program, source, wrapper_source):

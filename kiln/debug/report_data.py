@@ -86,7 +86,7 @@ class Frame:
     @property
     def stage_seconds(self):
         """capture (everything but the backend) and the backend's stages."""
-        stages = {}
+        stages = dict(self.pending_stages)  # (what no compiled graph took with it: training's aot)
         for c in (self.graph.compiled if self.graph else self.pending_compiled):
             for k, v in c.stage_seconds.items():
                 stages[k] = stages.get(k, 0.0) + v
