@@ -36,8 +36,16 @@ class Unsupported(KilnError):
         self.python_exception = python_exception  # a real exception the captured code raised, if any
         if kind is not None and kind not in break_kinds.KINDS:
             raise ValueError(f"unknown graph-break kind {kind!r}; known: {sorted(break_kinds.KINDS)}")
-        self.kind = kind or break_kinds.classify(msg, python_exception)
+        self._kind = kind
         super().__init__(f"{msg} (at {where})" if where else msg)
+
+    @property
+    def kind(self):
+        """Its kind's name; an untagged one is classified when first asked (capture raises and catches
+        many Unsupported internally, most never reported)."""
+        if self._kind is None:
+            self._kind = break_kinds.classify(self.msg, self.python_exception)
+        return self._kind
 
 
 class InternalError(KilnError):

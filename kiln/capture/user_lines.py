@@ -6,6 +6,7 @@ standard library's own frames (a model library's, such as transformers', stay: t
 op is written). aot carries the trace to the aten nodes, and the compiler to buffers and kernels
 (compiler/provenance), whose user line is the innermost entry.
 """
+import functools
 import linecache
 import os
 import sysconfig
@@ -42,6 +43,11 @@ def stack_trace(frame):
         inst = f.current
         line = inst.positions.lineno if inst is not None and inst.positions and inst.positions.lineno \
             else f.code.co_firstlineno
-        text = linecache.getline(f.code.co_filename, line).strip()
-        lines.append(f'  File "{f.code.co_filename}", line {line}, in {f.code.co_name}\n    {text}\n')
+        lines.append(_entry(f.code.co_filename, line, f.code.co_name))
     return "".join(lines)
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry(filename, line, function):
+    text = linecache.getline(filename, line).strip()
+    return f'  File "{filename}", line {line}, in {function}\n    {text}\n'
