@@ -1,7 +1,7 @@
 """User subclasses of list, tuple and dict (OrderedDict): instances made in the frame (through the
 class, a Python __new__ calling super().__new__, or `tuple.__new__(cls, items)` directly) and instances
 passed in. Their storage is the base's, so they are ListVariable/TupleVariable/DictVariable of the
-subclass: the subclass's own Python methods run over them (objects.own_dunder), the base's C methods
+subclass: the subclass's own Python methods run over them (objects.python_special), the base's C methods
 are modelled. One passed in is read, guarded and written back through the base's own methods, never
 its overrides (`list.__getitem__(v, i)`, `list.__len__(v)`), and its instance __dict__ comes along.
 Registers into objects (SUBCLASS_CONSTRUCTORS), graph_builder (SUBCLASS_WRAPPERS),

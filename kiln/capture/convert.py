@@ -20,8 +20,7 @@ from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
 from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
-                          library_models,
-                          numpy_support, weakref_models)  # their models)
+                          library_models, numpy_support, python_builtins, weakref_models)  # their models)
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
@@ -75,9 +74,11 @@ class _Break:
 
 
 class Capture:
-    def __init__(self, F, L, code, fullgraph, backend, dynamic, dynamism):
+    def __init__(self, F, L, code, fullgraph, dynamism, caller):
         self.F, self.L, self.code, self.fullgraph = F, L, code, fullgraph
-        self.backend_for_glue, self.dynamic, self.dynamism = backend, dynamic, dynamism
+        self.dynamism = dynamism
+        # what the glue calls at a break: callees and resume functions, through the runtime (runtime.Caller)
+        self.caller = caller
         self.break_at = None
         self.break_reason = None
         self.requested = None
@@ -196,8 +197,9 @@ def _with_depth(insts, offset):
     return depth
 
 
-def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamism=None):
-    """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed.
+def compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
+    """-> CacheEntry. Raises EagerFrame, Unsupported (fullgraph) or BackendCompilerFailed. `caller` (a
+    runtime.Caller) is what the glue calls at a break: the callees, and each resume function's cache.
 
     A bug in capture itself must never cost the user a wrong answer: it makes the frame run eagerly,
     or, under fullgraph=True (one graph or an error), raises InternalError (set KILN_DEBUG=1 to see
@@ -205,7 +207,7 @@ def compile_frame(F, L, code, backend, fullgraph, dynamic=None, dynamism=None):
     """
     try:
         with _user_autograd_hooks_hidden():
-            return _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism)
+            return _compile_frame(F, L, code, backend, fullgraph, dynamism, caller)
     except (EagerFrame, KilnError):
         raise
     except Exception as e:
@@ -236,8 +238,8 @@ def _user_autograd_hooks_hidden():
         torch._C._autograd._pop_saved_tensors_default_hooks()
 
 
-def _compile_frame(F, L, code, backend, fullgraph, dynamic, dynamism):
-    cap = Capture(F, L, code, fullgraph, backend, dynamic, dynamism)
+def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
+    cap = Capture(F, L, code, fullgraph, dynamism, caller)
     result = cap.run()
     og = cap.og
     glue = Glue(og)
@@ -319,13 +321,12 @@ def _break_tail(cap, glue, brk):
     Inside a try block the native part is wrapped so that an exception continues at the frame's
     own handler (a resume function at the handler offset), exactly as CPython unwinds.
     """
-    from kiln.capture import runtime
     frame, inst = brk.frame, brk.inst
     stack = list(frame.stack)
     insts, index_of = frame.insts, frame.index_of
     next_offset = insts[index_of[inst.offset] + 1].offset if index_of[inst.offset] + 1 < len(insts) else None
     _log_break(brk.reason)
-    caller = glue.const(runtime.Caller(cap.backend_for_glue, cap.dynamic), "CALL")
+    caller = glue.const(cap.caller, "CALL")
     resume = lambda below, offset, extra: _resume_call(cap, glue, frame, below, offset, extra)  # noqa: E731
 
     if inst.opname in _JUMPS:
@@ -419,7 +420,6 @@ def _native_op_line(glue, inst, ops):
 
 def _resume_call(cap, glue, frame, below, offset, extra):
     """`return <resume function at offset>(stack below..., extra..., live locals...)` through the runtime."""
-    from kiln.capture import runtime
     code = frame.code
     stack_nulls = [isinstance(v, NullVariable) for v in below] + [False] * len(extra)
     live = [n for n in code.co_varnames if n in live_locals(code, offset) and n in frame.locals]
@@ -431,7 +431,7 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     rcode = resume_code(code, offset, stack_nulls, live)
     if enabled("bytecode"):
         log("bytecode", "resume function %s:\n%s", rcode.co_name, _dis(rcode))
-    rcache = glue.const(runtime.get_cache(rcode, cap.backend_for_glue, False, cap.dynamic), "RESUME")
+    rcache = glue.const(cap.caller.resume_cache(rcode), "RESUME")
     closure = "None"
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)

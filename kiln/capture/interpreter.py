@@ -10,17 +10,17 @@ import dis
 import inspect
 import linecache
 import operator
-import sysconfig
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
+from kiln.capture.user_files import is_user_file
 from kiln.capture.variables import (NULL, AutocastVariable, Variable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
                                     ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
                                     ListVariable,
-                                    NullVariable, ObjectVariable, SliceVariable, SymNodeVariable,
+                                    NullVariable, ObjectVariable, RealCell, SliceVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
 
@@ -61,14 +61,6 @@ class _Instructions:
         return cls._cache.setdefault(code, lambda: instructions(code))
 
 
-_LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                                   sysconfig.get_paths()["platlib"]) if p})
-
-
-def is_user_file(filename):
-    return not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<")
-
-
 def instructions(code):
     """-> (instructions without EXTENDED_ARG, offset -> index). A jump may target an EXTENDED_ARG
     prefix, so those offsets map to the instruction they extend."""
@@ -93,13 +85,6 @@ class _Yielded:
 
     def __init__(self, value):
         self.value = value
-
-
-class RealCell:
-    """A closure cell that exists outside the capture: reads are guarded, writes are side effects."""
-
-    def __init__(self, cell, source):
-        self.cell, self.source = cell, source
 
 
 class _LazyArg:
@@ -128,6 +113,23 @@ class Frame:
         self.current = None
         if self.depth > MAX_INLINE_DEPTH:
             raise Unsupported("inlining depth limit reached (recursion?)")
+
+    def inline_call(self, fn_code, f_globals, args, kwargs, defaults, kwdefaults, closure_cells):
+        """Run a Python function's code inside the current capture, called from this frame; returns its
+        result Variable. (objects.call reaches the interpreter through the frame it is given.)"""
+        flags = fn_code.co_flags
+        if flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
+            raise Unsupported(f"calling async function {fn_code.co_name}")
+        bound = bind_arguments(fn_code, args, kwargs, defaults, kwdefaults)
+        cells = {}
+        for cname, cell in zip(fn_code.co_freevars, closure_cells or ()):
+            cells[cname] = cell
+        frame = Frame(self.capture, fn_code, f_globals, bound, cells, parent=self)
+        if frame.is_generator:
+            gen = GeneratorVariable(frame)  # runs as it is consumed
+            self.made_generators.append(gen)
+            return gen
+        return frame.run()
 
     # ---- helpers ------------------------------------------------------------------------------
     def push(self, v):
@@ -937,23 +939,6 @@ def bind_arguments(code, args, kwargs, defaults, kwdefaults):
     if has_varkw:
         bound[names[i]] = DictVariable(varkw)
     return bound
-
-
-def inline_call(parent, fn_code, f_globals, args, kwargs, defaults, kwdefaults, closure_cells, name=None):
-    """Run a Python function's code inside the current capture; returns its result Variable."""
-    flags = fn_code.co_flags
-    if flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
-        raise Unsupported(f"calling async function {fn_code.co_name}")
-    bound = bind_arguments(fn_code, args, kwargs, defaults, kwdefaults)
-    cells = {}
-    for cname, cell in zip(fn_code.co_freevars, closure_cells or ()):
-        cells[cname] = cell
-    frame = Frame(parent.capture, fn_code, f_globals, bound, cells, parent=parent)
-    if frame.is_generator:
-        gen = GeneratorVariable(frame)  # runs as it is consumed
-        parent.made_generators.append(gen)
-        return gen
-    return frame.run()
 
 
 def root_frame(capture, F, L, code):

@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import functools
 import inspect
+import math
 import operator
 import sys
 import types
@@ -14,7 +15,6 @@ import types
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from kiln.capture import interpreter as interp
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
@@ -25,9 +25,16 @@ from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable
                                     MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
                                     HandlerVariable,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
-                                    ObjectVariable, PartialVariable, SetVariable, SliceVariable, SuperVariable, SymNodeVariable,
+                                    ObjectVariable, PartialVariable, RealCell, SetVariable, SliceVariable, SuperVariable,
+                                    SymNodeVariable,
                                     TensorKey, TensorVariable, TupleVariable, const, is_constant)
 from kiln.exc import Unsupported
+
+# The builtins and library functions capture models (fn -> handler(frame, args, kwargs)): python_builtins
+# and the *_models modules register theirs; `call` looks a callee up here before inlining it.
+BUILTIN_HANDLERS = {}
+# The methods of list/dict/set Variables (class -> fn(frame, obj, name, args, kwargs)), from python_builtins
+CONTAINER_METHODS = {}
 
 _STATEFUL_WORDS = ("seed", "set_", "rng", "manual", "deterministic", "synchronize", "empty_cache", "save",
                    "load", "print", "register", "backward", "_log_api_usage")
@@ -302,21 +309,33 @@ def _python_dunder(cls, name):
     return isinstance(attr, types.FunctionType)
 
 
-def user_dunder(v, name):
-    """Whether `v`'s class defines the special method `name` in Python, which then runs instead of
-    the built-in behaviour: a user object's, or a list/tuple subclass's (a NamedTuple's __add__)."""
+def python_special(frame, v, name, objects=True):
+    """The special method `name` of `v`'s class when the class defines it in Python (then it runs instead
+    of the built-in behaviour), bound to `v` as special_method finds it; else None. For a user object
+    (unless `objects` is False: a caller that first handles the library objects it models) and for a
+    container of a list/dict/set/tuple subclass (Counter.__missing__, a NamedTuple's __add__)."""
     if name is None:
-        return False
+        return None
     if isinstance(v, (ObjectVariable, FreshObjectVariable)):
-        return _python_dunder(v.python_type(), name)
-    base = list if isinstance(v, ListVariable) else tuple if isinstance(v, TupleVariable) else None
-    if base is not None and v.cls is not base and issubclass(v.cls, base):  # (a ModuleList slice is no list)
-        return _python_dunder(v.cls, name)
-    return False
+        cls = v.python_type() if objects else None
+    else:
+        cls = _container_subclass(v)
+    return special_method(frame, v, name) if cls is not None and _python_dunder(cls, name) else None
+
+
+_BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)
+
+
+def _container_subclass(v):
+    """The class of a list/dict/set/tuple Variable when it is a subclass of those; else None."""
+    if not isinstance(v, (ListVariable, DictVariable, SetVariable, TupleVariable)) or isinstance(v, DataDictVariable):
+        return None  # (a ModelOutput is modelled as a whole)
+    cls = v.python_type()
+    return cls if cls not in _BUILTIN_CONTAINER_TYPES and issubclass(cls, (list, dict, set, tuple)) else None
 
 
 def delitem(frame, obj, key):
-    own = own_dunder(obj, "__delitem__")
+    own = python_special(frame, obj, "__delitem__") if model_of(obj) is None else None  # (else: the model's)
     if own is not None:
         call(frame, own, [key], {})
     else:
@@ -324,7 +343,7 @@ def delitem(frame, obj, key):
 
 
 def contains(frame, container, item):
-    if (own := own_dunder(container, "__contains__")) is not None:
+    if (own := python_special(frame, container, "__contains__", objects=False)) is not None:
         return truth(frame, call(frame, own, [item], {}))
     if isinstance(container, TensorVariable) or isinstance(item, TensorVariable) and \
             not isinstance(container, (ListVariable, TupleVariable, SetVariable)):  # a set: by identity
@@ -352,9 +371,8 @@ def contains(frame, container, item):
             if isinstance(i, ConstantVariable) and isinstance(item, ConstantVariable) and i.value == item.value:
                 return True
         return False
-    if isinstance(container, (ObjectVariable, FreshObjectVariable)) and \
-            _python_dunder(container.python_type(), "__contains__"):
-        return truth(frame, call(frame, special_method(frame, container, "__contains__"), [item], {}))
+    if (own := python_special(frame, container, "__contains__")) is not None:
+        return truth(frame, call(frame, own, [item], {}))
     if isinstance(container, (ConstantVariable, ObjectVariable)) and isinstance(item, ConstantVariable):
         if _opaque(container):
             raise Unsupported(f"`in` over a {type(container.value).__qualname__} known only by its type")
@@ -371,7 +389,7 @@ def apply_operator(frame, op, args):
         if (model := model_of(a)) is not None and (result := model.operator(frame, op, args)) is not None:
             return result
     if len(args) == 2 and (name := _DUNDERS.get(op)) and op is not operator.getitem and \
-            (own := own_dunder(args[0], name)) is not None:  # a list/tuple subclass's own operator
+            (own := python_special(frame, args[0], name, objects=False)) is not None:  # a list subclass's own
         result = call(frame, own, args[1:], {})
         if not _not_implemented(result):
             return result
@@ -408,8 +426,9 @@ def apply_operator(frame, op, args):
         except Exception as e:
             raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
     a = args[0]
-    if isinstance(a, (ListVariable, TupleVariable)) and user_dunder(a, _DUNDERS.get(op)):
-        return call(frame, special_method(frame, a, _DUNDERS[op]), args[1:], {})  # a NamedTuple's __add__
+    if isinstance(a, (ListVariable, TupleVariable)) and \
+            (own := python_special(frame, a, _DUNDERS.get(op))) is not None:  # a NamedTuple's __add__
+        return call(frame, own, args[1:], {})
     if len(args) == 2:
         b = args[1]
         if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) and \
@@ -446,8 +465,8 @@ def apply_operator(frame, op, args):
                           isinstance(b, (FreshObjectVariable, FunctionVariable))):
                 return const((a is b) == (op is operator.eq))
     name = _DUNDERS.get(op)
-    if name and user_dunder(a, name):
-        return call(frame, special_method(frame, a, name), args[1:], {})
+    if (own := python_special(frame, a, name)) is not None:
+        return call(frame, own, args[1:], {})
     if isinstance(a, ObjectVariable) and all(isinstance(x, (ObjectVariable, ConstantVariable)) for x in args) \
             and not _opaque(*args):
         if not _python_dunder(type(a.value), name or "__eq__"):
@@ -559,14 +578,12 @@ def getitem(frame, obj, key, builtin=False):
     """`obj[key]`; `builtin`: the base class's own item lookup (tuple.__getitem__ called from a
     subclass's __getitem__), never the subclass's."""
     og = frame.og
-    if not builtin and (own := own_dunder(obj, "__getitem__")) is not None:
+    if not builtin and (own := python_special(frame, obj, "__getitem__", objects=False)) is not None:
         return call(frame, own, [key], {})
     if isinstance(obj, TensorVariable):
         return og.call_op("call_function", operator.getitem, [obj, key], {})
     if isinstance(key, TensorVariable) and not isinstance(obj, DictVariable):  # a dict: keyed by identity
         raise Unsupported("indexing a Python container with a tensor")
-    if isinstance(obj, (ListVariable, TupleVariable)) and not builtin and user_dunder(obj, "__getitem__"):
-        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
     if isinstance(obj, (ListVariable, TupleVariable)):
         k = const_value(key, "index")
         if isinstance(k, slice):
@@ -617,8 +634,8 @@ def getitem(frame, obj, key, builtin=False):
             return og.wrap(mod._parameters[k], ItemSource(AttrSource(obj.source, "_parameters"), k))
     if isinstance(obj, ObjectVariable) and _is_typing_form(obj.value):  # List[int], Optional[T]: pure
         return fold_natively(og, operator.getitem, [obj, key], {})
-    if isinstance(obj, (ObjectVariable, FreshObjectVariable)) and user_dunder(obj, "__getitem__"):
-        return call(frame, special_method(frame, obj, "__getitem__"), [key], {})
+    if (own := python_special(frame, obj, "__getitem__")) is not None:
+        return call(frame, own, [key], {})
     raise Unsupported(f"indexing {describe(obj)}")
 
 
@@ -634,7 +651,7 @@ def _child(og, mod_var, name):
 
 def setitem(frame, obj, key, value):
     og = frame.og
-    if (own := own_dunder(obj, "__setitem__")) is not None:
+    if (own := python_special(frame, obj, "__setitem__", objects=False)) is not None:
         call(frame, own, [key, value], {})
         return
     if isinstance(obj, TensorVariable):
@@ -657,13 +674,16 @@ def setitem(frame, obj, key, value):
     if (model := model_of(obj)) is not None:
         model.call_method(frame, obj, "__setitem__", [key, value], {})
         return
+    if (own := python_special(frame, obj, "__setitem__")) is not None:
+        call(frame, own, [key, value], {})
+        return
     raise Unsupported(f"item assignment on {describe(obj)}")
 
 
 # ---- iteration ----------------------------------------------------------------------------------
 def unpack_iterable(frame, v):
     """All the items of iterable `v`, consuming it if it is an iterator."""
-    if (own := own_dunder(v, "__iter__")) is not None:
+    if (own := python_special(frame, v, "__iter__", objects=False)) is not None:
         return unpack_iterable(frame, call(frame, own, [], {}))
     if isinstance(v, (ListVariable, TupleVariable, SetVariable)):
         return list(v.items)
@@ -1314,14 +1334,13 @@ def setattr_var(frame, obj, name, value):
 
 # ---- calls --------------------------------------------------------------------------------------
 def call(frame, fn, args, kwargs):
-    og = frame.og
     if isinstance(fn, MethodVariable):
         return _call_method_var(frame, fn, args, kwargs)
     if isinstance(fn, FunctionVariable):
         defaults = fn.defaults.items if isinstance(fn.defaults, TupleVariable) else \
             [const(d) for d in fn.defaults.value] if fn.defaults is not None else None
         kwdefaults = dict_items(frame, fn.kwdefaults) if fn.kwdefaults is not None else None
-        return interp.inline_call(frame, fn.code, fn.f_globals, args, kwargs, defaults, kwdefaults, fn.closure)
+        return frame.inline_call(fn.code, fn.f_globals, args, kwargs, defaults, kwdefaults, fn.closure)
     if isinstance(fn, ExitVariable):
         fn.on_exit()
         return const(None)
@@ -1407,7 +1426,7 @@ def _tensor_method(frame, t, name, args, kwargs):
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":
-            return builtin_len(frame, [t], {})
+            return BUILTIN_HANDLERS[len](frame, [t], {})
         raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
     if name == "requires_grad_":  # a new autograd leaf, or a changed flag: made outside the graph (as
         raise Unsupported("Tensor.requires_grad_() changes what autograd tracks")  # torch.compile does)
@@ -1453,8 +1472,8 @@ def _inline_function(frame, fn, args, kwargs):
         src = AttrSource(ConstSource(fn), "__kwdefaults__")
         kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
     code = original_code(fn.__code__)  # a function made by a frame that ran rewritten (eager_frames)
-    cells = [interp.RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
-    return interp.inline_call(frame, code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
+    cells = [RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
+    return frame.inline_call(code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
 
 
 def _is_torch_op(fn):
@@ -1730,21 +1749,6 @@ def _construct_module(frame, cls, args, kwargs):
     return frame.og.wrap(module, ConstSource(module))
 
 
-_BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)
-
-
-def own_dunder(v, name):
-    """A container Variable of a subclass whose class defines `name` in Python (Counter.__missing__, a
-    list subclass's __getitem__): that method, bound to `v`; else None."""
-    if not isinstance(v, (ListVariable, DictVariable, SetVariable, TupleVariable)) or isinstance(v, DataDictVariable):
-        return None  # (a ModelOutput is modelled as a whole)
-    cls = v.python_type()
-    if cls in _BUILTIN_CONTAINER_TYPES or not issubclass(cls, (list, dict, set, tuple)) or \
-            not _python_dunder(cls, name):
-        return None
-    return MethodVariable(inspect.getattr_static(cls, name), v)
-
-
 def _is_model_output(cls):
     return dataclasses.is_dataclass(cls) and issubclass(cls, dict) and \
         any(c.__name__ == "ModelOutput" and c.__module__.startswith("transformers") for c in cls.__mro__)
@@ -1855,9 +1859,71 @@ def call_module(frame, mod_var, args, kwargs):
     return result
 
 
-# container methods and builtins live in python_builtins (they call back into this module)
-from kiln.capture.python_builtins import (BUILTIN_HANDLERS, builtin_len, call_method, is_mapping_object,  # noqa: E402
-                                          mapping_items)
+# ---- methods of Python containers and constants --------------------------------------------------
+def call_method(frame, obj, name, args, kwargs):
+    og = frame.og
+    if isinstance(obj, HandlerVariable):
+        return obj.call_method(frame, name, args, kwargs)
+    if (model := model_of(obj) or VARIABLE_MODELS.get(type(obj))) is not None:
+        return model.call_method(frame, obj, name, args, kwargs)
+    if name in _ITERATION_METHODS and not args and not kwargs:  # `range(5).__iter__()`, `it.__next__()`
+        return _ITERATION_METHODS[name](frame, obj)
+    for cls, method in CONTAINER_METHODS.items():  # list, dict, set: python_builtins
+        if isinstance(obj, cls):
+            return method(frame, obj, name, args, kwargs)
+    if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
+        fields = dict(zip(obj.cls._fields, obj.items))
+        if name == "_asdict":
+            return DictVariable(fields)
+        if any(k not in fields for k in kwargs):
+            raise Unsupported(f"{obj.cls.__qualname__}._replace got unexpected fields")
+        fields.update(kwargs)
+        return TupleVariable(list(fields.values()), cls=obj.cls)
+    if isinstance(obj, TupleVariable) and obj.cls is torch.Size and name == "numel":
+        return BUILTIN_HANDLERS[math.prod](frame, [obj], {})  # symbolic sizes stay symbolic
+    if isinstance(obj, TupleVariable):
+        if name in ("index", "count", "__len__", "__contains__", "__getitem__"):
+            if name == "__getitem__":
+                return getitem(frame, obj, args[0], builtin=True)
+            return fold_natively(og, getattr(const_value(obj), name), args, kwargs)
+        raise Unsupported(f"{type(obj).__name__}.{name}")
+    if isinstance(obj, ConstantVariable):
+        return fold_natively(og, getattr(obj.value, name), args, kwargs)
+    if name == "__delitem__" and isinstance(obj, TensorVariable):
+        raise Unsupported("del on a tensor item")
+    raise Unsupported(f"method {name} of {describe(obj)}")
+
+
+def _dunder_next(frame, it):
+    if not isinstance(it, BaseIterator):
+        raise Unsupported(f"__next__ of {describe(it)}")
+    return BUILTIN_HANDLERS[next](frame, [it], {})
+
+
+_ITERATION_METHODS = {"__iter__": get_iter, "__reversed__": get_reversed, "__next__": _dunder_next}
+
+
+def is_mapping_object(v):
+    """An object (not a dict capture tracks) with the mapping protocol: keys() and [k]."""
+    return isinstance(v, (ObjectVariable, FreshObjectVariable)) and hasattr(v.python_type(), "keys") and \
+        hasattr(v.python_type(), "__getitem__")
+
+
+def mapping_items(frame, v):
+    """The (key -> Variable) items of what dict(v) / d.update(v) accepts: a dict, a mapping object with
+    keys() and [k], or an iterable of key/value pairs."""
+    if isinstance(v, DictVariable):
+        return dict(v.items)
+    if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
+        return dict_items(frame, v)
+    if is_mapping_object(v):
+        keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
+        return {dict_key(k): getitem(frame, v, k) for k in keys}
+    items = {}
+    for pair in unpack_iterable(frame, v):
+        k, value = unpack_iterable(frame, pair)
+        items[dict_key(k)] = value
+    return items
 
 
 def _object_slot_call(slot):

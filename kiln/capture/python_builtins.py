@@ -10,14 +10,14 @@ import types
 
 import torch
 
-from kiln.capture.objects import (VARIABLE_MODELS, apply_operator, call, const_value, delattr_var, describe,
-                                  dict_items, dict_key, fold_natively, get_iter, get_reversed, getattr_var, getitem,
-                                  is_same, iter_next, key_var, make_tuple, model_of, new_set, own_dunder, python_dunder,
-                                  set_add, set_key, set_update, setattr_var, setitem, special_method, truth,
-                                  unpack_iterable)
+from kiln.capture.objects import (BUILTIN_HANDLERS, CONTAINER_METHODS, apply_operator, call, call_method,
+                                  const_value, delattr_var, describe, dict_key, fold_natively, get_iter, get_reversed,
+                                  getattr_var, getitem, is_same, iter_next, key_var, make_tuple, mapping_items,
+                                  model_of, new_set, python_dunder, python_special, set_add, set_key, set_update,
+                                  setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
                                     EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable,
-                                    FunctionVariable, GeneratorVariable, HandlerVariable, IteratorVariable,
+                                    FunctionVariable, GeneratorVariable, IteratorVariable,
                                     ListVariable, MethodVariable, ObjectVariable, PartialVariable,
                                     SetVariable,
                                     SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const)
@@ -25,52 +25,6 @@ from kiln.exc import Unsupported
 
 
 # ---- methods of Python containers and constants -------------------------------------------------
-def call_method(frame, obj, name, args, kwargs):
-    og = frame.og
-    if isinstance(obj, HandlerVariable):
-        return obj.call_method(frame, name, args, kwargs)
-    if (model := model_of(obj) or VARIABLE_MODELS.get(type(obj))) is not None:
-        return model.call_method(frame, obj, name, args, kwargs)
-    if name in _ITERATION_METHODS and not args and not kwargs:  # `range(5).__iter__()`, `it.__next__()`
-        return _ITERATION_METHODS[name](frame, obj)
-    if isinstance(obj, ListVariable):
-        return call_list_method(frame, obj, name, args, kwargs)
-    if isinstance(obj, DictVariable):
-        return _dict_method(frame, obj, name, args, kwargs)
-    if isinstance(obj, SetVariable):
-        return _set_method(frame, obj, name, args, kwargs)
-    if isinstance(obj, TupleVariable) and hasattr(obj.cls, "_fields") and name in ("_replace", "_asdict"):
-        fields = dict(zip(obj.cls._fields, obj.items))
-        if name == "_asdict":
-            return DictVariable(fields)
-        if any(k not in fields for k in kwargs):
-            raise Unsupported(f"{obj.cls.__qualname__}._replace got unexpected fields")
-        fields.update(kwargs)
-        return TupleVariable(list(fields.values()), cls=obj.cls)
-    if isinstance(obj, TupleVariable) and obj.cls is torch.Size and name == "numel":
-        return _b_prod(frame, [obj], {})  # symbolic sizes stay symbolic
-    if isinstance(obj, TupleVariable):
-        if name in ("index", "count", "__len__", "__contains__", "__getitem__"):
-            if name == "__getitem__":
-                return getitem(frame, obj, args[0], builtin=True)
-            return fold_natively(og, getattr(const_value(obj), name), args, kwargs)
-        raise Unsupported(f"{type(obj).__name__}.{name}")
-    if isinstance(obj, ConstantVariable):
-        return fold_natively(og, getattr(obj.value, name), args, kwargs)
-    if name == "__delitem__" and isinstance(obj, TensorVariable):
-        raise Unsupported("del on a tensor item")
-    raise Unsupported(f"method {name} of {describe(obj)}")
-
-
-def _dunder_next(frame, it):
-    if not isinstance(it, BaseIterator):
-        raise Unsupported(f"__next__ of {describe(it)}")
-    return _b_next(frame, [it], {})
-
-
-_ITERATION_METHODS = {"__iter__": get_iter, "__reversed__": get_reversed, "__next__": _dunder_next}
-
-
 _SET_MUTATORS = {"pop", "difference_update", "intersection_update", "symmetric_difference_update"}
 
 
@@ -293,29 +247,6 @@ def _dict_mutation(frame, d, name, args, kwargs):
     return const(None)
 
 
-def is_mapping_object(v):
-    """An object (not a dict capture tracks) with the mapping protocol: keys() and [k]."""
-    return isinstance(v, (ObjectVariable, FreshObjectVariable)) and hasattr(v.python_type(), "keys") and \
-        hasattr(v.python_type(), "__getitem__")
-
-
-def mapping_items(frame, v):
-    """The (key -> Variable) items of what dict(v) / d.update(v) accepts: a dict, a mapping object with
-    keys() and [k], or an iterable of key/value pairs."""
-    if isinstance(v, DictVariable):
-        return dict(v.items)
-    if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
-        return dict_items(frame, v)
-    if is_mapping_object(v):
-        keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
-        return {dict_key(k): getitem(frame, v, k) for k in keys}
-    items = {}
-    for pair in unpack_iterable(frame, v):
-        k, value = unpack_iterable(frame, pair)
-        items[dict_key(k)] = value
-    return items
-
-
 # ---- builtins -----------------------------------------------------------------------------------
 _MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                       torch.nn.ParameterDict)
@@ -336,11 +267,9 @@ def builtin_len(frame, args, kwargs):
         raise Unsupported(msg, python_exception=TypeError(msg))
     if (model := model_of(v)) is not None:
         return model.call_method(frame, v, "__len__", [], {})
-    if (own := own_dunder(v, "__len__")) is not None:
+    if not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS) and \
+            (own := python_special(frame, v, "__len__")) is not None:  # (those: their children, guarded)
         return call(frame, own, [], {})
-    if isinstance(v, (ObjectVariable, FreshObjectVariable)) and python_dunder(v.python_type(), "__len__") and \
-            not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS):  # (those: their children, guarded)
-        return call(frame, special_method(frame, v, "__len__"), [], {})
     return const(len(unpack_iterable(frame, v)))
 
 
@@ -752,7 +681,7 @@ _TORCH_CHECKS = {torch._check: RuntimeError, torch._check_index: IndexError, tor
                  torch._check_with: None}
 
 
-BUILTIN_HANDLERS = {
+BUILTIN_HANDLERS.update({
     len: builtin_len, isinstance: _b_isinstance, issubclass: _b_isinstance_sub, type: _b_type, getattr: _b_getattr,
     hasattr: _b_hasattr, setattr: _b_setattr, delattr: _b_delattr, vars: _b_vars, enumerate: _iterable_builtin(enumerate), zip: _iterable_builtin(zip),
     reversed: _iterable_builtin(reversed), iter: _iterable_builtin(iter), list: _iterable_builtin(list),
@@ -775,4 +704,6 @@ BUILTIN_HANDLERS = {
     **{fn: _b_itertools(fn, which) for fn, which in _ITERTOOLS.items()},
     itertools.chain.from_iterable: _b_chain_from_iterable, itertools.accumulate: _b_accumulate,
     **{fn: _torch_check(error) for fn, error in _TORCH_CHECKS.items()},
-}
+})
+
+CONTAINER_METHODS.update({ListVariable: call_list_method, DictVariable: _dict_method, SetVariable: _set_method})

@@ -103,8 +103,8 @@ class CodeCache:
             try:
                 with imports_not_interrupted(), fx_sources.owned() as sources, recording:
                     try:
-                        entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamic,
-                                              self.dynamism)
+                        entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamism,
+                                              Caller(self.backend, self.dynamic))
                     finally:
                         torch_caches.release_finished_compiles()
                     sources.tie_to(entry)
@@ -334,6 +334,10 @@ class Caller:
             if e.check(fn, L):
                 return e.run(fn, L)
         return cache.miss(fn, L, args, kwargs)
+
+    def resume_cache(self, rcode):
+        """The cache a resume function's code runs through (compiled on a miss, as a frame of its own)."""
+        return _cache_for(rcode, self._key, self.backend)
 
 
 def _binder_for(fn):

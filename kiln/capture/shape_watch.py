@@ -11,6 +11,7 @@ import linecache
 
 import sympy
 
+from kiln.capture.user_files import is_user_file
 from kiln.debug import report
 from kiln.debug.logs import log
 from kiln.exc import ConstraintViolation
@@ -99,7 +100,6 @@ class ShapeWatch:
 
 def user_line(frame, inst):
     """`file:line: code` of the innermost user-code line in the interpreted call chain."""
-    from kiln.capture.interpreter import is_user_file
     f = frame
     while f.parent is not None and not is_user_file(f.code.co_filename):
         f = f.parent

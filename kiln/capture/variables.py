@@ -341,6 +341,13 @@ class FreshObjectVariable(Variable):
         return self.cls
 
 
+class RealCell:
+    """A closure cell that exists outside the capture: reads are guarded, writes are side effects."""
+
+    def __init__(self, cell, source):
+        self.cell, self.source = cell, source
+
+
 class CellVariable(Variable):
     """A closure cell created inside the frame (MAKE_CELL or a new function's closure). `frozen`: a
     class made natively during capture closes over it (class_creation.py), so it may not change."""

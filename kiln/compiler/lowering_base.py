@@ -90,6 +90,35 @@ def promoted(a, b):
     return torch.result_type(rep(a), rep(b))
 
 
+def kernel_operands(common, args, exact=()):
+    """`args` as eager's TensorIterator hands them to a kernel whose common dtype is `common`: every
+    operand is first converted to it, so with a half common dtype a Python number is rounded
+    (`bf16 <= 2.7` compares against 2.703125), and so is a 0-dim float32 tensor or an int tensor,
+    before the kernel computes in float. Positions in `exact` are the ones whose one-element operand
+    the kernel reads at full precision instead (mul's and div's second operand: eager's
+    `original_scalar_value`)."""
+    if common not in ir.HALF_DTYPES:
+        return args
+    return tuple(a if i in exact and one_element(a) else _narrowed(a, common) for i, a in enumerate(args))
+
+
+def one_element(x):
+    """A Python number, or a tensor value of one element broadcast (eager's `is_scalar` operand)."""
+    return not isinstance(x, TensorValue) or all(s == 1 for s in x.sizes)
+
+
+def _narrowed(x, dtype):
+    if isinstance(x, TensorValue):
+        if x.dtype == dtype:
+            return x
+        return TensorValue(x.sizes, dtype, lambda idx: cast(x.loader(idx), dtype))
+    if isinstance(x, sympy.Basic):  # a size known only when the kernel runs
+        return TensorValue((), dtype, lambda idx: scalar(x, dtype))
+    if isinstance(x, (bool, int, float)):
+        return float(torch.tensor(x, dtype=dtype))
+    return x
+
+
 def broadcast_map(ctx, in_sizes, out_sizes):
     """index map: out index -> the index into a value of `in_sizes` broadcast to `out_sizes`
     (trailing dims aligned). A dim broadcasts when its size is 1; a symbolic size that differs

@@ -10,6 +10,7 @@ import torch
 from kiln.compiler import ir
 from kiln.compiler.ir import TensorValue, cast, const, index_expr
 from kiln.compiler.lowering_base import (ONE, ZERO, Fallback, aten, broadcast, broadcast_map, calc_dtype, check_real,
+                                         kernel_operands, one_element,
                                          index_checker, norm_dim, op, out_sizes, pointwise, prims, promoted, register,
                                          scalar, sym_layout)
 
@@ -88,20 +89,13 @@ def logical_not(ctx, x):
     return pointwise(ctx, lambda a: op("logical_not", a, dtype=torch.bool), x, compute=torch.bool)
 
 
-def _scalar_in_tensor_dtype(a, b):
-    """`b` as eager's add, sub, fmod and remainder kernels use a Python float beside a bfloat16 or
-    float16 tensor: rounded to the tensor's dtype first (bf16(x) - 2.7 subtracts bf16(2.7) =
-    2.703125), then computed in float; mul and div keep the float as is."""
-    if isinstance(a, TensorValue) and a.dtype in (torch.bfloat16, torch.float16) and type(b) is float:
-        return float(torch.tensor(b, dtype=a.dtype))
-    return b
-
-
 def _with_alpha(name):
     def lower(ctx, a, b, alpha=None):
         check_real(a, b)
-        a, b = _scalar_in_tensor_dtype(b, a), _scalar_in_tensor_dtype(a, b)  # (`2.7 - t` is sub(2.7, t))
+        common = ctx.out_meta().dtype
+        a, b = kernel_operands(common, (a, b))
         if alpha is not None and alpha != 1:
+            alpha = kernel_operands(common, (alpha,))[0]  # eager's add kernel rounds alpha too
             return pointwise(ctx, lambda x, y: op(name, x, op("mul", y, const(alpha, y.dtype))), a, b)
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
     return lower
@@ -128,11 +122,16 @@ BINARY = {
 }
 
 
-def _binary(name):
+# ops whose CPU kernel reads a one-element second operand at full precision, not rounded to a half
+# common dtype (eager's mul/div kernels: `bf16 * 0.3` multiplies by 0.3f, `bf16 + 0.3` adds 0.30078125)
+EXACT_SECOND_OPERAND = ("mul", "truediv", "floordiv")
+
+
+def _binary(name, narrow=True):
     def lower(ctx, a, b):
         check_real(a, b)
-        if name in ("fmod", "remainder"):
-            b = _scalar_in_tensor_dtype(a, b)
+        if narrow:
+            a, b = kernel_operands(ctx.out_meta().dtype, (a, b), exact=(1,) if name in EXACT_SECOND_OPERAND else ())
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
     return lower
 
@@ -144,6 +143,7 @@ for _target, _name in BINARY.items():
 @register(aten.div.Tensor, aten.div.Scalar)
 def div(ctx, a, b):
     check_real(a, b)
+    a, b = kernel_operands(ctx.out_meta().dtype, (a, b), exact=(1,))
     return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
 
 
@@ -151,10 +151,14 @@ def div(ctx, a, b):
 def div_mode(ctx, a, b, rounding_mode=None):
     check_real(a, b)
     dtype = ctx.out_meta().dtype
+    a, b = kernel_operands(dtype, (a, b), exact=(1,))
     if rounding_mode is None:
         return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
     if rounding_mode == "floor":
         return pointwise(ctx, lambda x, y: op("floordiv", x, y), a, b)
+    if dtype.is_floating_point and dtype in ir.HALF_DTYPES and not one_element(b):
+        # eager's half kernel rounds the quotient to the half dtype before truncating it
+        return pointwise(ctx, lambda x, y: op("trunc", cast(cast(op("truediv", x, y), dtype), x.dtype)), a, b)
     if dtype.is_floating_point:
         return pointwise(ctx, lambda x, y: op("trunc", op("truediv", x, y)), a, b)
     return pointwise(ctx, lambda x, y: op("truncdiv", x, y), a, b)
@@ -164,6 +168,7 @@ def div_mode(ctx, a, b, rounding_mode=None):
 def pow_(ctx, a, b):
     check_real(a, b)
     dtype = ctx.out_meta().dtype
+    a, b = kernel_operands(dtype, (a, b))
     if not dtype.is_floating_point:
         if isinstance(b, TensorValue) or b < 0:
             raise Fallback("integer pow with tensor or negative exponent")
@@ -173,16 +178,20 @@ def pow_(ctx, a, b):
     # a vector powf call costs ~15 ns/element (GELU-tanh's x**3 made its kernel 10x slower).
     if not isinstance(b, TensorValue) and b == 2:
         return pointwise(ctx, lambda x: op("mul", x, x), a)
+    # eager's bfloat16 kernel computes these in bfloat16 vectors: x*x is rounded before the next step
+    def step(e):
+        return cast(cast(e, dtype), e.dtype) if dtype == torch.bfloat16 else e
     if not isinstance(b, TensorValue) and b == 3:
-        return pointwise(ctx, lambda x: op("mul", op("mul", x, x), x), a)
-    if not isinstance(b, TensorValue) and b == 0.5:
+        return pointwise(ctx, lambda x: op("mul", step(op("mul", x, x)), x), a)
+    # (not for float16, whose kernel calls pow: pow(-inf, 0.5) is inf, sqrt(-inf) NaN; pow(-0., 0.5) +0.)
+    if not isinstance(b, TensorValue) and b == 0.5 and dtype != torch.float16:
         return pointwise(ctx, lambda x: op("sqrt", x), a)
-    if not isinstance(b, TensorValue) and b == -0.5:
+    if not isinstance(b, TensorValue) and b == -0.5 and dtype != torch.float16:
         return pointwise(ctx, lambda x: op("rsqrt", x), a)
     if not isinstance(b, TensorValue) and b == -1:
         return pointwise(ctx, lambda x: op("reciprocal", x), a)
     if not isinstance(b, TensorValue) and b == -2:
-        return pointwise(ctx, lambda x: op("reciprocal", op("mul", x, x)), a)
+        return pointwise(ctx, lambda x: op("reciprocal", step(op("mul", x, x))), a)
     return pointwise(ctx, lambda x, y: op("pow", x, y), a, b)
 
 
@@ -194,6 +203,7 @@ def _comparison(name, logical=False):
     def lower(ctx, a, b):
         check_real(a, b)
         compute = torch.bool if logical else promoted(a, b)
+        a, b = kernel_operands(compute, (a, b))
         return pointwise(ctx, lambda x, y: op(name, x, y, dtype=torch.bool), a, b, compute=compute)
     return lower
 
@@ -592,12 +602,18 @@ def reduce_dims(x, dims):
     return sorted({norm_dim(d, x.ndim) for d in dims})
 
 
+NO_IDENTITY = ("max", "min", "argmax", "argmin")
+
+
 def reduction(ctx, x, dims, keepdim, reduction_type, dtype, value_fn=None, acc_dtype=None):
     """Reduce `x` over `dims`; value_fn(value, full_index) -> the Expr reduced (default: x)."""
     out_dims = [d for d in range(x.ndim) if d not in dims]
     sizes = [ONE if d in dims else x.sizes[d] for d in range(x.ndim)] if keepdim else [x.sizes[d] for d in out_dims]
     reduction_sizes = [x.sizes[d] for d in dims]
     acc_dtype = acc_dtype or calc_dtype(dtype)
+    if reduction_type in NO_IDENTITY and not all(ctx.facts.known(sympy.Ge(s, 1)) for s in reduction_sizes):
+        # eager raises on an empty max/min/argmax; aten raises the same error when the kernel runs
+        raise Fallback(f"{reduction_type} over a dim that may be empty")
 
     def inner(idx, ridx):
         full, it, rit = [], iter(idx), iter(ridx)
@@ -946,4 +962,4 @@ def prims_div(ctx, a, b):
 
 for _target, _name in {prims.mul.default: "mul", prims.add.default: "add", prims.sub.default: "sub",
                        prims.maximum.default: "maximum", prims.minimum.default: "minimum"}.items():
-    register(_target)(_binary(_name))
+    register(_target)(_binary(_name, narrow=False))  # prims take operands already converted

@@ -209,3 +209,37 @@ def test_setting_a_property_without_setter_raises_pythons_error():
         kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(3))
     with pytest.raises(AttributeError, match="property 'edges' of '_Shadowed' object has no setter"):
         kiln.compile(fn, backend="eager")(torch.randn(3))
+
+
+class _Registry:
+    """Item protocol written in Python: `r[k] = v`, `del r[k]` and `r[k]` run these methods."""
+
+    def __init__(self):
+        self.slots, self.log = {}, []
+
+    def __setitem__(self, key, value):
+        self.log.append(("set", key))
+        self.slots[key] = value * 2
+
+    def __delitem__(self, key):
+        self.log.append(("del", key))
+        del self.slots[key]
+
+    def __getitem__(self, key):
+        return self.slots[key] + 1
+
+    def __len__(self):
+        return len(self.slots)
+
+
+@pytest.mark.parametrize("made_inside", [False, True])
+def test_item_assignment_and_deletion_run_the_classes_methods(made_inside):
+    def fn(x, reg):
+        reg = _Registry() if made_inside else reg
+        reg["a"] = x
+        reg["b"] = x.sin()
+        del reg["a"]
+        return reg["b"] * len(reg), reg.log
+
+    # (was a graph break at each `reg[k] = v`, and the frame eager from `del reg[k]` on)
+    check_graphs(fn, torch.randn(3), _Registry(), graphs=1, fullgraph=True)

@@ -1,6 +1,7 @@
 """Minimized programs the random-program fuzzer (test_fuzz_programs.py) found kiln's compiler
 getting wrong, one test each, named for the bug. Each runs eagerly and through `kiln.compile` on
 fresh copies of the same inputs (same layouts) and compares outputs and inputs after the call."""
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: F401 - programs below may use it
 
@@ -227,11 +228,68 @@ def test_fill_of_an_expanded_input_after_an_automatic_dynamic_recompile():
 
 
 def test_python_float_beside_a_half_precision_tensor_is_rounded_as_eager_rounds_it():
-    # seed 21475: torch.fmod(bf16, -2.7) differed from eager in 10 of 132 elements. Eager's add, sub,
-    # fmod and remainder kernels round a Python float to the tensor's dtype before computing (mul and
-    # div keep it in float); kiln computed with -2.7 itself
+    # seed 21475: torch.fmod(bf16, -2.7) differed from eager in 10 of 132 elements. Eager's kernels
+    # take every operand in the op's common dtype, so a Python float beside a bfloat16/float16 tensor
+    # is rounded to it first (mul and div read their second operand at full precision); kiln computed
+    # with -2.7 itself
     def fn(a):
         return (torch.fmod(a, -2.7), torch.remainder(a, 2.7), a + 1.3, a - 0.3, 2.7 - a, a * 1.3, a / 2.7,
                 torch.clamp(torch.fmod(a, -2.7), min=a))
     for dtype in (torch.bfloat16, torch.float16):
         check(fn, lambda: (torch.arange(-400, 400).to(dtype) / 64,))
+
+
+HALF_SCALAR_PROGRAMS = {
+    # the same rule for every binary kernel, with the scalar on either side, a 0-dim float32 tensor
+    # for it, and an int too large for the half dtype; comparisons against 2.7 flip at bf16(2.7)
+    "compare": lambda a, s: (a <= s, a == s, a > s, s < a, a != s, a >= s),
+    # (not `torch.div(s, a, rounding_mode="floor")`: eager's half floor division rounds each step of
+    # its formula to the half dtype, kiln computes it in float: up to 1 apart in the result)
+    "mul_div_first": lambda a, s: (torch.mul(s, a), torch.div(s, a), torch.div(s, a, rounding_mode="trunc")),
+    "mul_div_second": lambda a, s: (a * s, a / s, torch.div(a, s, rounding_mode="trunc"), a // s),
+    "pow": lambda a, s: (torch.pow(a.abs(), s), torch.pow(s, a)),
+    "add_sub": lambda a, s: (a + s, s - a, torch.add(a, a, alpha=0.3), torch.sub(a, s, alpha=2)),
+    "fmod_remainder_atan2": lambda a, s: (torch.fmod(a, s), torch.remainder(s, a), torch.atan2(a, torch.as_tensor(s))),
+    "where_maximum": lambda a, s: (torch.where(a > 0, a, s), torch.maximum(a, torch.as_tensor(s, dtype=a.dtype))),
+}
+
+
+@pytest.mark.parametrize("scalar", ["float", "tensor0d", "bigint"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("program", sorted(HALF_SCALAR_PROGRAMS))
+def test_scalar_operand_of_a_half_precision_kernel_is_converted_as_eager_converts_it(program, dtype, scalar):
+    # `bf16 <= 2.7` was wrong at bf16(2.7) = 2.703125 (kiln compared against 2.7 itself), as were
+    # pow's exponent, `torch.mul(2.7, t)` and a 0-dim float32 tensor beside a half one
+    value = {"float": 2.7, "tensor0d": torch.tensor(2.7), "bigint": 257}[scalar]
+    fn = HALF_SCALAR_PROGRAMS[program]
+    grid = torch.cat([torch.arange(-400, 400) / 64, torch.tensor([2.7, 2.6875, 2.703125, 257, 300])])
+    check(lambda a: fn(a, value), lambda: (grid.to(dtype),))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_pow_by_a_small_constant_rounds_as_eagers_kernel_does(dtype):
+    # pow by 3 and -2 in bfloat16 rounds x*x to bfloat16 before the next step (eager computes in
+    # bfloat16 vectors; kiln was 1 ulp off in a fifth of the elements); float16 calls pow for ±0.5
+    # (pow(-inf, 0.5) is inf where sqrt gives NaN, pow(-0., 0.5) is +0.)
+    def fn(x):
+        return x.pow(3), x.pow(-2), x.pow(0.5), x.pow(-0.5), x.pow(2), x.pow(-1)
+    grid = torch.cat([torch.linspace(0.01, 10, 4000), torch.tensor([0.0, -0.0, -4.0, float("inf"), -float("inf")])])
+    actual, expected = check(fn, lambda: (grid.to(dtype),), exact=False)
+    for i in (0, 1):  # bitwise where eager's steps are modelled
+        torch.testing.assert_close(actual[i], expected[i], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("program", [lambda x: x.max(), lambda x: x.amax(1), lambda x: x.argmax(),
+                                     lambda x: x.min(0), lambda x: x.amin(1) + 1],
+                         ids=["max", "amax", "argmax", "min_dim", "amin_fused"])
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0)], ids=str)
+def test_max_over_an_empty_dim_raises_as_eager_does(program, shape):
+    # a max/min/argmax over an empty dim has no value: eager raises, kiln's kernel returned -inf/0
+    x = torch.zeros(shape)
+    try:
+        expected = program(x)
+    except (RuntimeError, IndexError) as e:
+        with pytest.raises(type(e)):
+            kiln.compile(program)(x)
+    else:
+        torch.testing.assert_close(kiln.compile(program)(x), expected)
