@@ -256,9 +256,9 @@ class OutputGraph:
             raise Unsupported("a tensor with no known origin cannot enter the graph")
         if type(value) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer) and \
                 not isinstance(value, torch.nn.Parameter):
-            raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported")
+            raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported", kind="unsupported_object")
         if value.is_sparse or value.layout != torch.strided:
-            raise Unsupported("sparse tensors are not supported")
+            raise Unsupported("sparse tensors are not supported", kind="unsupported_object")
         dims = self.dynamism.dims(source, value) if value.dim() else {}
         if dims:
             self.ensure_shape_env()  # the fake mode makes this input's sizes symbols of it
@@ -379,12 +379,13 @@ class OutputGraph:
         except Unsupported:
             raise
         except Exception as e:
-            raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
+            raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}",
+                              kind="fake_tensor_failure") from e
         mutated = any(version_of(t.fake) != v for t, v in zip(tensors_in, versions)) or \
             (None in versions and _writes_by_name(target))
         leaves = pytree.tree_leaves(result)
         if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
-            raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
+            raise Unsupported(f"{_target_name(target)} has a data-dependent output shape", kind="data_dependent")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated and not _has_symbols(leaves):
             if _fact_name(target) in TENSOR_FACTS and tensors_in:
