@@ -327,7 +327,8 @@ def generate(program, memory, options, symbols=()):
         first_site = len(checks.sites)
         for kernel in entry.kernels:
             writer = KernelWriter(kernel, program, memory, options, pointer_of, checks)
-            lines = [f"  // {line}" for line in kernel.provenance] + writer.write()
+            lines = writer.write()
+            body += [f"  // {line}" for line in kernel.provenance]  # its aten ops and user lines
             body += writer.memory.finish(lines)  # the index checks wired into its loops
         entry.checks = checks.sites[first_site:]
         entry.args = args
