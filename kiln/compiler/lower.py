@@ -201,7 +201,11 @@ class GraphLowering(LoweringContext):
 
         def as_arg(a):
             if isinstance(a, ir.TensorValue):
+                # the buffer computes the argument's lazy value: its origins are that value's node's
+                saved = self.origin_node
+                self.origin_node = next((n for n in node.all_input_nodes if self.env.get(n) is a), node)
                 view = self.realize(a).view
+                self.origin_node = saved
                 own = self.buffer_by_name[view.name].layout
                 return ir.BufferArg(view.name, None if view.layout == own else view.layout)
             return a

@@ -175,3 +175,20 @@ def test_stack_trace_is_the_call_chain_and_the_kernel_line_the_innermost():
     (kernel,) = data.kernels
     assert kernel.user_lines[0].startswith(f"{__file__}:{_line_of(_scale, 't.tanh()')} in _scale")
     assert "tanh" in kernel.name
+
+
+def attention_over_concatenated(q, k, v):
+    k2 = torch.cat([k, k * 2], dim=-2)
+    return torch.nn.functional.scaled_dot_product_attention(q, k2, torch.cat([v, v], dim=-2))
+
+
+def test_a_kernel_feeding_an_aten_call_names_its_own_ops_not_the_call():
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    with kiln.report() as data:
+        actual = kiln.compile(attention_over_concatenated)(q, k, v)
+    torch.testing.assert_close(actual, attention_over_concatenated(q, k, v))
+    for kernel in data.kernels:
+        assert not any("scaled_dot_product" in op for op in kernel.aten_ops), kernel
+        assert "cat" in kernel.name
+    (compiled,) = data.graphs[0].compiled
+    assert any("scaled_dot_product" in e for e in compiled.externs)
