@@ -112,6 +112,7 @@ class Capture:
                 self.break_at, self.break_reason = inst.offset, _detached(e)
             finally:
                 self.og.leave_contexts()
+                self.og.frame = None  # (the frame holds the program's objects; what keeps og must not)
         raise EagerFrame("capture did not settle")
 
     def _cannot(self, msg):

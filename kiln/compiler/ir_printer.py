@@ -117,11 +117,11 @@ def print_ir(program, origins=None):
     """Every buffer of `program` (schedule.Program): inputs, computed buffers and extern results."""
     origins = origins or {}
     lines = []
-    for name, buf in program.buffers.items():
-        if isinstance(buf, (ir.InputBuffer, ir.ConstantBuffer)):
-            kind = f"input {buf.position}" if isinstance(buf, ir.InputBuffer) else "constant"
-            lines.append(f"{name}: {_dtype(buf.layout.dtype)}{list(buf.layout.sizes)} "
-                         f"strides={list(buf.layout.strides)} ({kind})")
+    inputs = [b for b in program.buffers.values() if isinstance(b, (ir.InputBuffer, ir.ConstantBuffer))]
+    for buf in sorted(inputs, key=lambda b: (isinstance(b, ir.ConstantBuffer), getattr(b, "position", 0), b.name)):
+        kind = f"input {buf.position}" if isinstance(buf, ir.InputBuffer) else "constant"
+        lines.append(f"{buf.name}: {_dtype(buf.layout.dtype)}{list(buf.layout.sizes)} "
+                     f"strides={list(buf.layout.strides)} ({kind})")
     for step in program.steps:
         if isinstance(step, Kernel):
             for node in step.nodes:
