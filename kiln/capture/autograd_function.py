@@ -23,7 +23,7 @@ import torch
 from kiln import torch_compat
 from kiln.capture import subgraphs
 from kiln.capture.objects import BUILTIN_HANDLERS, call, const_value, getattr_var, is_same, wrap_const
-from kiln.capture.variables import (ConstantVariable, HandlerVariable, MethodVariable, SymNodeVariable,
+from kiln.capture.variables import (ConstantVariable, HandlerVariable, MethodVariable,
                                     TensorVariable, TupleVariable, Variable, const)
 from kiln.exc import Unsupported
 
@@ -224,7 +224,7 @@ def _traced_apply(frame, cls_var, cls, ctx, inputs, has_setup):
                               [v.node for v in tensor_outs] + saved, f"{cls.__name__}Forward")
     spec = _Spec(cls.__name__, forward.gm, backward.gm, len(tensor_outs), single, non_diff,
                  tuple(isinstance(n.meta.get("example_value"), torch.Tensor) for n in saved), len(forward.lifted))
-    lifted = [_outside_variable(n) for n in forward.lifted]
+    lifted = [subgraphs.outside_variable(n) for n in forward.lifted]
     result = og.call_op("call_function", _graph_target(spec), tensor_inputs + lifted, {})
     results = iter([result] if single else result.items)
     values = [next(results) if isinstance(v, TensorVariable) else v for v in items]
@@ -254,7 +254,7 @@ class _Backward:
 
 def _trace_backward(frame, cls_var, cls, ctx, items, tensor_outs, inputs):
     og = frame.og
-    effects = _effect_count(og)
+    effects = og.side_effects.count()
     with og.subgraph(grad_enabled=False) as raw:
         placeholders = []
         grad_of = {}
@@ -267,7 +267,7 @@ def _trace_backward(frame, cls_var, cls, ctx, items, tensor_outs, inputs):
         grad_args = [grad_of[next(k)] if isinstance(v, TensorVariable) else const(None) for v in items]
         ctx.in_backward = True
         result = call(frame, getattr_var(frame, cls_var, _backward_name(cls)), [ctx] + grad_args, {})
-    if _effect_count(og) != effects:
+    if og.side_effects.count() != effects:
         raise Unsupported(f"{cls.__qualname__}.backward changes Python state (it would run at the wrong time)")
     grads = [result] if not isinstance(result, TupleVariable) else list(result.items)
     if len(grads) < len(inputs) or any(not is_same(g, const(None)) for g in grads[len(inputs):]):
@@ -283,18 +283,6 @@ def _trace_backward(frame, cls_var, cls, ctx, items, tensor_outs, inputs):
         else:
             raise Unsupported(f"{cls.__qualname__}.backward returned a {g.python_type().__name__} as a gradient")
     return _Backward(raw, placeholders, nodes)
-
-
-def _effect_count(og):
-    fx = og.side_effects
-    return len(fx.attr_stores), len(fx.global_stores), len(fx.cell_stores), len(fx.mutated)
-
-
-def _outside_variable(node):
-    value = node.meta["example_value"]
-    if isinstance(value, torch.Tensor):
-        return TensorVariable(node, value)
-    return SymNodeVariable(node, value)
 
 
 BUILTIN_HANDLERS[torch_compat.function_apply] = _apply

@@ -16,16 +16,17 @@ import torch
 import torch.fx
 
 from kiln import config as config_mod
+from kiln.capture import autograd_hooks
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import interpreter as interp
 from kiln.capture import (class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
-                          library_models, numpy_support, python_builtins, weakref_models)  # their models)
+                          library_models, numpy_support, function_transforms, python_builtins, weakref_models)  # their models)
 from kiln.capture.glue import Glue
 from kiln.capture.graph_builder import GradModeBreak, OutputGraph, shape_guards
 from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyArg
 from kiln.capture.objects import const_value
-from kiln.capture.resume import live_locals, resume_code
+from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
 from kiln.debug import break_kinds
@@ -207,7 +208,7 @@ def compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
     the original exception raised instead).
     """
     try:
-        with _user_autograd_hooks_hidden():
+        with autograd_hooks.hidden():
             return _compile_frame(F, L, code, backend, fullgraph, dynamism, caller)
     except (EagerFrame, KilnError):
         raise
@@ -218,25 +219,6 @@ def compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
         if fullgraph:
             raise InternalError(msg) from e
         raise EagerFrame(msg) from e
-
-
-def _unchanged(t):
-    return t
-
-
-@contextlib.contextmanager
-def _user_autograd_hooks_hidden():
-    """Capture and the backend run ops only to trace them. The program's saved-tensor hooks
-    (torch.autograd.graph.saved_tensors_hooks) are for its own ops, not these: a pair of no-op hooks
-    on top of the stack hides them while compiling."""
-    if not torch._C._autograd._saved_tensors_hooks_is_enabled():  # (a transform disabled them)
-        yield
-        return
-    torch._C._autograd._push_saved_tensors_default_hooks(_unchanged, _unchanged)
-    try:
-        yield
-    finally:
-        torch._C._autograd._pop_saved_tensors_default_hooks()
 
 
 def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
@@ -437,7 +419,9 @@ def _resume_call(cap, glue, frame, below, offset, extra):
     if code.co_freevars or code.co_cellvars:
         cells = "".join(c + ", " for c in cell_vals)
         closure = f"(F.__closure__ or ()) + ({cells})" if code.co_freevars else f"({cells})"
-    args = "(" + "".join(a + ", " for a in stack_vals + list(extra) + local_vals) + ")"
+    stack_names, params = parameters(code, stack_nulls, live)
+    values = dict(zip(stack_names, stack_vals + list(extra))) | dict(zip(live, local_vals))
+    args = "(" + "".join(values[p] + ", " for p in params) + ")"
     return (f"return {rcache}({glue.const(types.FunctionType, 'FN')}({glue.const(rcode, 'RCODE')}, "
             f"F.__globals__, {rcode.co_name!r}, None, {closure}), {args})")
 

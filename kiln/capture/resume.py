@@ -48,11 +48,32 @@ def live_locals(code, offset):
             if out != live[n]:
                 live[n] = out
                 changed = True
-    return live[index[offset]]
+    first = live[index[offset]]
+    if uses_zero_arg_super(code):
+        first = first | {code.co_varnames[0]}  # super() reads it without a LOAD_FAST
+    return first
+
+
+def uses_zero_arg_super(code):
+    """Whether `code` may call super() with no arguments, which reads the frame's first local (self)
+    and the __class__ cell."""
+    return "__class__" in code.co_freevars and code.co_argcount > 0
+
+
+def parameters(code, stack_nulls, live):
+    """-> (names of the stack items, the resume function's parameter names in order): the live stack,
+    then the live locals; a function that calls super() keeps its first argument first, where
+    super() looks for it."""
+    stack = [f"__stack{i}" for i, null in enumerate(stack_nulls) if not null]
+    first = code.co_varnames[0] if code.co_argcount else None
+    if uses_zero_arg_super(code) and first in live:
+        return stack, [first] + stack + [n for n in live if n != first]
+    return stack, stack + list(live)
 
 
 def resume_code(code, offset, stack_nulls, live):
-    """A code object taking (non-NULL stack items..., live locals...) that continues `code` at `offset`."""
+    """A code object taking `parameters(code, stack_nulls, live)` (the non-NULL stack items and live
+    locals) that continues `code` at `offset`."""
     made = _CACHE.setdefault(code, dict)
     key = (offset, tuple(stack_nulls), tuple(live))
     found = made.get(key)
@@ -71,7 +92,7 @@ def resume_code(code, offset, stack_nulls, live):
             if isinstance(item.arg, CellVar):
                 item = Instr(item.name, FreeVar(item.arg.name), location=item.location)
         body.append(item)
-    stack_names = [f"__stack{i}" for i, null in enumerate(stack_nulls) if not null]
+    stack_names, argnames = parameters(code, stack_nulls, live)
     loc = _location_of(bc, target_pos)
     prologue = []
     freevars = list(code.co_freevars) + list(code.co_cellvars)
@@ -87,7 +108,7 @@ def resume_code(code, offset, stack_nulls, live):
             i += 1
     prologue.append(Instr("JUMP_FORWARD", label, location=loc))
     new = Bytecode(prologue + body)
-    new.argnames = stack_names + list(live)
+    new.argnames = argnames
     new.argcount = len(new.argnames)
     new.posonlyargcount = new.kwonlyargcount = 0
     new.first_lineno = code.co_firstlineno

@@ -53,5 +53,9 @@ class SideEffects:
             container.mutated = True
             self.mutated.append(container)
 
+    def count(self):
+        """How many stores are recorded: a call that changes it had Python side effects."""
+        return len(self.attr_stores), len(self.global_stores), len(self.cell_stores), len(self.mutated)
+
     def __bool__(self):
         return bool(self.attr_stores or self.global_stores or self.cell_stores or self.mutated)

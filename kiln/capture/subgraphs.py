@@ -11,6 +11,8 @@ import dataclasses
 import torch
 import torch.fx
 
+from kiln.capture.variables import SymNodeVariable, TensorVariable
+
 
 @dataclasses.dataclass
 class Closed:
@@ -42,3 +44,11 @@ def close(raw, own_inputs, outputs, name):
             copies[node] = graph.node_copy(node, lambda n: copies[n])
     graph.output(tuple(None if out is None else copies[out] for out in outputs))
     return Closed(torch.fx.GraphModule(torch.nn.Module(), graph, class_name=name), lifted)
+
+
+def outside_variable(node):
+    """The Variable for a lifted node, passed to the call of the closed graph."""
+    value = node.meta["example_value"]
+    if isinstance(value, torch.Tensor):
+        return TensorVariable(node, value)
+    return SymNodeVariable(node, value)
