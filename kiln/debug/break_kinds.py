@@ -55,6 +55,12 @@ _kind("autograd_function",
       "Keep forward/backward to tensor operations, or call the Function outside the compiled region.",
       r"autograd\.Function", r"\bctx\.", r"\.backward (changes|returned)", r"\.forward (returned|writes)",
       r"implements both backward and vjp")
+_kind("function_transform",
+      "A torch.func transform (grad, vmap, ...) over a function kiln cannot trace as a pure tensor "
+      "function (Python side effects, non-tensor results, arguments or in_dims it does not model).",
+      "Keep the transformed function to tensor in, tensor out; call the transform outside the compiled "
+      "region otherwise.",
+      r"function made by", r"a function under", r"\bvmap\b")
 _kind("numpy",
       "NumPy code kiln cannot trace through torch (an array from outside the graph, a dtype or function "
       "without a torch counterpart).",
