@@ -14,8 +14,21 @@ def explain(fn, *args, **kwargs):
     return _explain(fn, *args, **kwargs)
 
 
+def report(path=None):
+    """`with kiln.report("out.html") as data:` records what kiln compiles in the block and writes a
+    one-page HTML compile report (a directory gets kiln_report_<pid>.html; None writes nothing).
+    `data` is the report's data (kiln.debug.report_data.Report). KILN_REPORT=DIR records the
+    whole process."""
+    from kiln.debug.report import report as _report
+    return _report(path)
+
+
 __all__ = ["compile", "config", "disable", "explain", "list_backends", "list_mode_options", "list_options",
-           "mark_dynamic", "mark_static", "register_backend", "reset", "OptimizedModule", "BackendCompilerFailed",
+           "mark_dynamic", "mark_static", "register_backend", "report", "reset", "OptimizedModule", "BackendCompilerFailed",
            "ConstraintViolation", "FailOnRecompileLimitHit", "InternalError", "InvalidArgument", "InvalidBackend",
            "KilnError", "Unsupported"]
 __version__ = "0.1.0"
+
+from kiln.debug.report import start_from_environment as _start_report  # noqa: E402
+
+_start_report()  # KILN_REPORT=DIR

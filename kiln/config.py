@@ -157,8 +157,8 @@ COMPILER_OPTIONS = {
     "triton.cudagraphs": Option(False, "replay CUDA inference graphs as CUDA graphs (mode='reduce-overhead'; no "
                                        "effect on CPU graphs)"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
-    "trace.graph_diagram": Option(False, "draw the fused schedule as a diagram in the debug folder (accepted; "
-                                         "not drawn yet: see INERT_OPTIONS)"),
+    "trace.graph_diagram": Option(False, "with trace.enabled: draw the fx graph and the fused schedule as SVG in "
+                                          "the debug folder (needs graphviz)"),
     "trace.debug_dir": Option(None, "where trace.enabled writes (default ./kiln_debug)", os.PathLike, also=(None,)),
     "debug": Option(False, "extra checks in the compiler"),
     "debug_bounds_checks": Option(False, "generated kernels check every load and store against their buffer and "
@@ -180,7 +180,6 @@ INERT_OPTIONS = {
     "shape_padding": "MKL's CPU matmul gains nothing measurable from padded sizes at the shapes kiln "
                      "sees, and the copies a padded operand needs cost more",
     "triton.cudagraphs": "CUDA graphs exist only on GPUs; the CPU graph runs as it would without it",
-    "trace.graph_diagram": "the debug folder (trace.enabled) holds the schedule as text; no diagram is drawn",
 }
 
 

@@ -3,6 +3,7 @@
 They are RuntimeErrors, as torch.compile's are (its graph-break, backend and argument errors all
 subclass RuntimeError), so code written against torch.compile (`except RuntimeError`) works unchanged.
 """
+from kiln.debug import break_kinds
 
 
 class KilnError(RuntimeError):
@@ -25,14 +26,26 @@ class Unsupported(KilnError):
     """A construct capture cannot put into a graph.
 
     Under fullgraph=False it becomes a graph break; under fullgraph=True it is raised to the
-    user, naming the construct and the file:line of the user's code.
+    user, naming the construct and the file:line of the user's code. `kind` names its entry in
+    kiln.debug.break_kinds (explanation, hint); an untagged raise site is classified by its message.
     """
 
-    def __init__(self, msg, *, where=None, python_exception=None):
+    def __init__(self, msg, *, where=None, python_exception=None, kind=None):
         self.msg = msg
         self.where = where  # "file:line" in user code, when known
         self.python_exception = python_exception  # a real exception the captured code raised, if any
+        if kind is not None and kind not in break_kinds.KINDS:
+            raise ValueError(f"unknown graph-break kind {kind!r}; known: {sorted(break_kinds.KINDS)}")
+        self._kind = kind
         super().__init__(f"{msg} (at {where})" if where else msg)
+
+    @property
+    def kind(self):
+        """Its kind's name; an untagged one is classified when first asked (capture raises and catches
+        many Unsupported internally, most never reported)."""
+        if self._kind is None:
+            self._kind = break_kinds.classify(self.msg, self.python_exception)
+        return self._kind
 
 
 class InternalError(KilnError):

@@ -32,6 +32,7 @@ from kiln.capture.objects import const_value
 from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
 from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
+from kiln.debug import break_kinds
 from kiln.debug.logs import enabled, log
 from kiln.distributed import ddp_buckets
 from kiln.exc import BackendCompilerFailed, InternalError, KilnError, Unsupported
@@ -103,6 +104,7 @@ class Capture:
                 self.break_at, self.break_reason = inst.offset, _detached(e)
             finally:
                 self.og.leave_contexts()
+                self.og.frame = None  # (the frame holds the program's objects; what keeps og must not)
         raise EagerFrame("capture did not settle")
 
     def _cannot(self, msg):
@@ -437,4 +439,5 @@ def _dis(code):
 
 
 def _log_break(reason):
-    log("graph_breaks", "graph break: %s", reason)
+    if enabled("graph_breaks"):
+        log("graph_breaks", "%s", break_kinds.describe(reason))

@@ -28,6 +28,7 @@ from kiln.capture.guards import GuardSet, module_attribute
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.user_files import is_user_file
+from kiln.capture import user_lines
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariable, ListVariable, ObjectVariable,
                                     RuntimeFunctionVariable, SetVariable, SliceVariable, SymNodeVariable, TensorKey,
@@ -112,6 +113,7 @@ class OutputGraph:
         self._runtime_functions = {}  # code -> the RuntimeFunctionVariables of it (distinct objects)
         self._names = set()
         self.code_name = code_name
+        self.frame = None  # the interpreter frame running now: each node records its user line
         self.hook_globals_guarded = False
         self.entered = []  # real autocast modes entered during capture (left again in any case)
         self.grad_enabled = torch.is_grad_enabled()
@@ -267,9 +269,9 @@ class OutputGraph:
             raise Unsupported("a tensor with no known origin cannot enter the graph")
         if type(value) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer) and \
                 not isinstance(value, torch.nn.Parameter):
-            raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported")
+            raise Unsupported(f"tensor subclass {type(value).__qualname__} is not supported", kind="unsupported_object")
         if value.is_sparse or value.layout != torch.strided:
-            raise Unsupported("sparse tensors are not supported")
+            raise Unsupported("sparse tensors are not supported", kind="unsupported_object")
         dims = self.dynamism.dims(source, value) if value.dim() else {}
         if dims:
             self.ensure_shape_env()  # the fake mode makes this input's sizes symbols of it
@@ -390,12 +392,13 @@ class OutputGraph:
         except Unsupported:
             raise
         except Exception as e:
-            raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}") from e
+            raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}",
+                              kind="fake_tensor_failure") from e
         mutated = any(version_of(t.fake) != v for t, v in zip(tensors_in, versions)) or \
             (None in versions and _writes_by_name(target))
         leaves = pytree.tree_leaves(result)
         if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
-            raise Unsupported(f"{_target_name(target)} has a data-dependent output shape")
+            raise Unsupported(f"{_target_name(target)} has a data-dependent output shape", kind="data_dependent")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated and not _has_symbols(leaves):
             if _fact_name(target) in TENSOR_FACTS and tensors_in:
@@ -408,6 +411,8 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, tuple(_to_nodes(list(args))), _to_nodes(dict(kwargs)),
                                       name=self._unique(_node_name(target)))
         node.meta["example_value"] = result
+        node.meta["stack_trace"] = user_lines.stack_trace(self.frame)
+        node.meta["source_fn_stack"] = [(node.name, target)]  # what the user called (aot copies it on)
         return self._result_variable(node, result, tensors_in)
 
     def guard_tensor_fact(self, name, tensors):

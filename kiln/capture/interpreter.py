@@ -112,7 +112,7 @@ class Frame:
         self.exc_info = None  # the exception an except block of this frame is handling (bare `raise`, __context__)
         self.current = None
         if self.depth > MAX_INLINE_DEPTH:
-            raise Unsupported("inlining depth limit reached (recursion?)")
+            raise Unsupported("inlining depth limit reached (recursion?)", kind="capture_limit")
 
     def inline_call(self, fn_code, f_globals, args, kwargs, defaults, kwdefaults, closure_cells):
         """Run a Python function's code inside the current capture, called from this frame; returns its
@@ -171,17 +171,18 @@ class Frame:
         while True:
             inst = self.insts[self.ip]
             self.current = inst
+            self.og.frame = self  # (after an inlined call returns, its caller is the running frame again)
             if self.parent is None and inst.offset == capture.break_at:
                 return capture.graph_break(self, inst)
             self.ip += 1
             capture.steps += 1
             if capture.steps > MAX_STEPS:
-                raise Unsupported("capture took too many steps (an unbounded loop?)")
+                raise Unsupported("capture took too many steps (an unbounded loop?)", kind="capture_limit")
             handler = getattr(self, inst.opname, None)
             try:
                 if handler is None:
                     raise Unsupported(f"{NOT_CAPTURED.get(inst.opname, 'opcode ' + inst.opname)} is not supported "
-                                      f"(opcode {inst.opname})")
+                                      f"(opcode {inst.opname})", kind="unsupported_python")
                 result = handler(inst)
             except Unsupported as e:
                 if e.python_exception is not None and self._handle_exception(inst, e.python_exception):
@@ -197,7 +198,7 @@ class Frame:
                     capture.request_break(self, inst, e)
                 raise
             except RecursionError:
-                raise Unsupported("recursion too deep during capture")
+                raise Unsupported("recursion too deep during capture", kind="capture_limit")
             if self.og.watch.dims:  # attribute new shape guards to the user line that made them
                 self.og.watch.after_step(self, inst)
             if result is not None:

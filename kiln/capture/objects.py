@@ -48,7 +48,7 @@ class TypeModel:
     it in TYPE_MODELS, so this module never imports them."""
 
     def call(self, frame, var, args, kwargs):
-        raise Unsupported(f"call to {describe(var)} (not Python code kiln can follow)")
+        raise Unsupported(f"call to {describe(var)} (not Python code kiln can follow)", kind="unsupported_call")
 
     def attribute(self, frame, var, name):
         return _object_attr(frame, var, name)
@@ -125,7 +125,7 @@ def const_value(v, why="a non-constant value"):
     if isinstance(v, SetVariable):
         return {const_value(i, why) for i in v.items}
     if isinstance(v, TensorVariable):
-        raise Unsupported(f"{why}: a tensor's data is needed in Python")
+        raise Unsupported(f"{why}: a tensor's data is needed in Python", kind="data_dependent")
     if isinstance(v, SymNodeVariable):
         return specialize(v)
     if isinstance(v, SliceVariable):
@@ -140,7 +140,7 @@ def const_value(v, why="a non-constant value"):
 def specialize(v):
     """The concrete value of a symbolic size; the shape guards then pin it."""
     if free_unbacked_symbols(v.value):
-        raise Unsupported("a value computed from tensor data (item()) is needed in Python")
+        raise Unsupported("a value computed from tensor data (item()) is needed in Python", kind="data_dependent")
     return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v.value)](v.value)
 
 
@@ -257,10 +257,10 @@ def truth(frame, v):
         return bool(v.value)
     if isinstance(v, SymNodeVariable):
         if free_unbacked_symbols(v.value):
-            raise Unsupported("branching on a value computed from tensor data (item())")
+            raise Unsupported("branching on a value computed from tensor data (item())", kind="data_dependent")
         return bool(v.value)
     if isinstance(v, TensorVariable):
-        raise Unsupported("branching on a tensor's value (data-dependent control flow)")
+        raise Unsupported("branching on a tensor's value (data-dependent control flow)", kind="data_dependent")
     if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
         return bool(v.items)
     if isinstance(v, (FunctionVariable, MethodVariable, BaseIterator, CellVariable, PartialVariable)):
@@ -347,7 +347,7 @@ def contains(frame, container, item):
         return truth(frame, call(frame, own, [item], {}))
     if isinstance(container, TensorVariable) or isinstance(item, TensorVariable) and \
             not isinstance(container, (ListVariable, TupleVariable, SetVariable)):  # a set: by identity
-        raise Unsupported("`in` on a tensor's data")
+        raise Unsupported("`in` on a tensor's data", kind="data_dependent")
     if isinstance(container, DictVariable):
         return dict_key(item) in container.items
     if isinstance(container, DictViewVariable):
@@ -418,7 +418,7 @@ def apply_operator(frame, op, args):
         op = _INPLACE_TO_BINARY[op]  # `total += t` with total an int: numbers have no in-place form
     if any(isinstance(a, (TensorVariable, SymNodeVariable)) for a in args):
         if op is operator.contains:
-            raise Unsupported("`in` on tensor data")
+            raise Unsupported("`in` on tensor data", kind="data_dependent")
         return og.call_op("call_function", op, args, {})
     if all(isinstance(a, ConstantVariable) for a in args):
         try:
@@ -1429,7 +1429,7 @@ def _tensor_method(frame, t, name, args, kwargs):
                 "backward", "register_hook", "retain_grad", "__len__", "__iter__", "__array__"):
         if name == "__len__":
             return BUILTIN_HANDLERS[len](frame, [t], {})
-        raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
+        raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python", kind="data_dependent")
     if name == "requires_grad_":  # a new autograd leaf, or a changed flag: made outside the graph (as
         raise Unsupported("Tensor.requires_grad_() changes what autograd tracks")  # torch.compile does)
     return frame.og.call_op("call_method", name, [t] + list(args), kwargs)
@@ -1438,7 +1438,7 @@ def _tensor_method(frame, t, name, args, kwargs):
 def call_python_function(frame, fn, args, kwargs):
     """Inline a plain Python function (existing object)."""
     if is_disabled_function(fn):
-        raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}")
+        raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}", kind="disabled_function")
     handler = BUILTIN_HANDLERS.get(fn)  # a Python function capture models instead of inlining
     if handler is not None:
         return handler(frame, args, kwargs)
@@ -1446,7 +1446,8 @@ def call_python_function(frame, fn, args, kwargs):
         return fold_natively(frame.og, fn, args, kwargs)  # transformers' install probes carry): run it, a constant
     mod = getattr(fn, "__module__", None) or ""
     if mod.split(".")[0] in ("logging", "warnings"):
-        raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)")
+        raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)",
+                          kind="print_or_log")
     fn = getattr(fn, "__kiln_orig__", fn)
     if not isinstance(fn, types.FunctionType):
         return call(frame, frame.og.wrap(fn, None, guard=False), args, kwargs)
@@ -1529,7 +1530,7 @@ def call_torch(frame, fn, args, kwargs):
     name = getattr(fn, "__name__", "")
     has_tensor = any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs))
     if not has_tensor and any(w in name.lower() for w in _STATEFUL_WORDS):
-        raise Unsupported(f"torch.{name} changes global state")
+        raise Unsupported(f"torch.{name} changes global state", kind="global_state")
     if _passes_python_callable(args, kwargs):
         raise Unsupported(f"torch function {name} called with a Python function argument")
     _refuse_new_leaf(frame, f"torch.{name}", kwargs)
@@ -1584,7 +1585,8 @@ def _call_value(frame, fn_var, args, kwargs):
     og = frame.og
     fn = fn_var.value
     if is_disabled_function(fn):
-        raise Unsupported(f"call to kiln.disable'd function {getattr(fn, '__qualname__', fn)}")
+        raise Unsupported(f"call to kiln.disable'd function {getattr(fn, '__qualname__', fn)}",
+                          kind="disabled_function")
     if hasattr(fn, "__kiln_orig__"):
         fn = fn.__kiln_orig__
         if isinstance(fn, torch.nn.Module):
@@ -1657,7 +1659,7 @@ def _call_value(frame, fn_var, args, kwargs):
         return call_python_function(frame, call_attr, [fn_var] + list(args), kwargs)
     if (model := TYPE_MODELS.get(type(fn))) is not None:
         return model.call(frame, fn_var, args, kwargs)
-    raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)")
+    raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)", kind="unsupported_call")
 
 
 def _c_classmethod(fn):

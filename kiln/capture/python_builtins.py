@@ -464,7 +464,7 @@ def _b_super(frame, args, kwargs):
 
 
 def _b_print(frame, args, kwargs):
-    raise Unsupported("print() has side effects outside the graph")
+    raise Unsupported("print() has side effects outside the graph", kind="print_or_log")
 
 
 def _b_callable(frame, args, kwargs):
@@ -495,7 +495,7 @@ def _b_minmax(fn):
     def handler(frame, args, kwargs):
         items = unpack_iterable(frame, args[0]) if len(args) == 1 else list(args)
         if any(isinstance(i, TensorVariable) for i in items):
-            raise Unsupported(f"{fn.__name__}() over tensors needs their data")
+            raise Unsupported(f"{fn.__name__}() over tensors needs their data", kind="data_dependent")
         if not kwargs and _same_number_kind(items):  # max(0, n - k) of a dynamic size: no specialization
             result = items[0]
             for item in items[1:]:
@@ -534,7 +534,7 @@ def _b_isinstance_sub(frame, args, kwargs):
 def _b_numeric(fn):
     def handler(frame, args, kwargs):
         if args and isinstance(args[0], TensorVariable):
-            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data")
+            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data", kind="data_dependent")
         return fold_natively(frame.og, fn, args, kwargs)
     return handler
 

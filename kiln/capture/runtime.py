@@ -27,6 +27,7 @@ from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.uninterrupted_imports import imports_not_interrupted
 from kiln.capture.sources import CodeContext
+from kiln.debug import report
 from kiln.debug.logs import enabled, log
 from kiln.exc import FailOnRecompileLimitHit
 
@@ -97,14 +98,17 @@ class CodeCache:
                 return None
             if self.entries:
                 self._log_recompile(F, L)
+                report.recompiling(self.code, self.entries, F, L, _evaluate)
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
-            if not self.dynamism.has_changes():  # (else capture makes what changed symbolic)
+            if not self.dynamism.has_changes() and not report.active():  # (else capture makes what
+                # changed symbolic; a compile report wants what capture records)
                 entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
                 if entry is not None:
                     return self._adopt(entry)
             from kiln.capture.convert import EagerCall, EagerFrame, compile_frame  # capture loads on the first miss
+            recording = report.frame_compiling(self.code, len(self.entries))
             try:
-                with imports_not_interrupted(), fx_sources.owned() as sources:
+                with imports_not_interrupted(), fx_sources.owned() as sources, recording:
                     try:
                         capture_cache.stats.captures += 1
                         entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamism,
@@ -114,6 +118,7 @@ class CodeCache:
                     sources.tie_to(entry)
             except EagerCall as e:
                 self.eager_calls += 1
+                report.frame_eager(recording, str(e))
                 log("graph_breaks", "%s", e)
                 if self.eager_calls < _MAX_EAGER_CALLS:
                     return None
@@ -122,16 +127,19 @@ class CodeCache:
                 return None
             except EagerFrame as e:
                 self.eager_reason = str(e)
+                report.frame_eager(recording, str(e))
                 log("graph_breaks", "%s", e)
                 log("perf_hints", "%s runs eagerly from now on: %s", self.code.co_qualname, e)
                 for obs in eager_observers:
                     obs(self.code, str(e))
                 return None
             capture_cache.store(self, entry)
-            return self._adopt(entry)
+            return self._adopt(entry, recording)
 
-    def _adopt(self, entry):
+    def _adopt(self, entry, recording=None):
         self._keep(entry)
+        if recording is not None:
+            report.entry_made(recording, entry)
         for obs in observers:
             obs(self.code, entry)
         return entry

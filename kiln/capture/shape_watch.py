@@ -12,6 +12,7 @@ import linecache
 import sympy
 
 from kiln.capture.user_files import is_user_file
+from kiln.debug import report
 from kiln.debug.logs import log
 from kiln.exc import ConstraintViolation
 
@@ -61,6 +62,7 @@ class ShapeWatch:
             what = f"specialized to size {now}" if now.is_number else f"found equal to {self.describe(now)}"
             log("dynamic", "%r.size()[%d] (dynamic: %s) %s by guard %s at %s", source, d, why, what,
                 self.forced[sym][1], where)
+            report.size_pinned(f"{source!r}.size()[{d}] {what} by guard {self.forced[sym][1]}", where)
 
     def check_marked(self):
         """Raise ConstraintViolation for a mark_dynamic dim the program forced static or narrowed."""

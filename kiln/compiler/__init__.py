@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from kiln.config import compiler_options, inert_options_set
+from kiln.debug import report
 from kiln.debug.logs import log
 
 
@@ -28,13 +29,16 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
     from kiln.compiler import freezing, graph_cache
     frozen = freezing.frozen_positions(gm, example_inputs, ()) if options.get("freezing") else []
     # a frozen graph bakes in tensor values, which the graph cache's key does not hold
-    cached = (graph_cache.lookup(gm, example_inputs, options) if inner == "cpp" and not frozen
+    # (a compile report wants the IR and kernels, which a graph loaded from the cache does not have)
+    cached = (graph_cache.lookup(gm, example_inputs, options) if inner == "cpp" and not frozen and not report.active()
               else graph_cache.Lookup(None))
     if cached.runner is not None:  # compiled by an earlier process: no aot, lowering or codegen
         return _eager_when_mutated_inputs_alias(cached.runner, gm)
     from kiln.compiler import aot  # (make_fx, fake tensors, sympy: not needed for a graph the cache had)
     try:
-        aten = aot.trace_aten(gm, example_inputs, aot.lowering_decompositions(options.get("fallback_random", False)))
+        with report.stage("aot"):
+            aten = aot.trace_aten(gm, example_inputs,
+                                  aot.lowering_decompositions(options.get("fallback_random", False)))
     except aot.AotUnsupported as e:
         log("perf_hints", "graph runs eagerly: %s", e)
         return _inspectable(lambda *args: gm.forward(*args), [], "", "", ["<whole graph>"])
@@ -109,7 +113,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference
 
 
 def _compile_to_kernels(aten_gm, example_inputs, options, fx_gm, inference):
-    from kiln.compiler import debug, layout_opt, onednn_fusion, wrapper
+    from kiln.compiler import debug, ir_ops, layout_opt, onednn_fusion, wrapper
     from kiln.compiler.lower import GraphLowering
     from kiln.compiler.memory_plan import plan_memory
     from kiln.compiler.schedule import build_program
@@ -119,16 +123,23 @@ def _compile_to_kernels(aten_gm, example_inputs, options, fx_gm, inference):
         aten_gm, output_metas = layout_opt.channels_last_convolutions(aten_gm)
         if output_metas is not None and onednn_fusion.available():
             onednn_fusion.prepack_convolutions(aten_gm)  # frozen weights only
-    graph = GraphLowering(aten_gm, example_inputs, options, output_metas).run()
-    _check_bound(graph, aten_gm)
-    program = build_program(graph, options, graph.backends.can_fuse)
-    graph.backends.plan_storage(program)  # may raise BackendUnsupported
-    memory = plan_memory(program)
-    symbols = sorted(graph.symbol_sources, key=str)
-    compiled = graph.backends.compile(program, memory, options, symbols)  # one CompiledKernels per backend
-    source = "\n".join(c.source for c in compiled)
-    fn, wrapper_source = wrapper.build(program, compiled, memory, len(example_inputs), graph.symbol_sources)
+    with report.stage("lowering"):
+        graph = GraphLowering(aten_gm, example_inputs, options, output_metas).run()
+        _check_bound(graph, aten_gm)
+    with report.stage("scheduling"):
+        program = build_program(graph, options, graph.backends.can_fuse)
+        if options.get("debug"):
+            ir_ops.verify(program)
+        graph.backends.plan_storage(program)  # may raise BackendUnsupported
+        memory = plan_memory(program)
+    with report.stage("codegen"):  # (each backend's build is timed as its own stage inside)
+        symbols = sorted(graph.symbol_sources, key=str)
+        compiled = graph.backends.compile(program, memory, options, symbols)  # one CompiledKernels per backend
+        source = "\n".join(c.source for c in compiled)
+        fn, wrapper_source = wrapper.build(program, compiled, memory, len(example_inputs), graph.symbol_sources)
     debug.log_output_code(next((c.library_name for c in compiled if c.library_name), None), source, wrapper_source)
+    report.graph_compiled(aten_gm=aten_gm, graph=graph, program=program, source=source,
+                          wrapper_source=wrapper_source)
     if options.get("triton.cudagraphs") and inference:  # mode="reduce-overhead"
         from kiln.compiler import cudagraphs
         fn = cudagraphs.wrap(fn, program, compiled, example_inputs)

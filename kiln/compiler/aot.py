@@ -27,6 +27,7 @@ import operator
 
 import torch
 import torch.utils._pytree as pytree
+from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_symbols
@@ -148,11 +149,49 @@ def _functional_trace(fn, decompositions, example_inputs, state):
         # aten.size): that pins a symbolic size, and the graph recompiles for every size. So trace
         # to aten first (mutations kept; decompositions see SymInts), then functionalize that
         # aten graph, which holds no composite ops any more.
-        fn = make_fx(fn, decomposition_table=decompositions, tracing_mode=mode)(*example_inputs, *state)
+        with fx_traceback.preserve_node_meta():
+            fn = make_fx(fn, decomposition_table=decompositions, tracing_mode=mode)(*example_inputs, *state)
         if not _has_mutations(fn.graph):  # already functional: a second trace would change nothing
             return fn
-    return make_fx(torch.func.functionalize(fn, remove="mutations"), decomposition_table=decompositions,
-                   tracing_mode=mode)(*example_inputs, *state)
+    if isinstance(fn, torch.fx.GraphModule):  # node by node, so each aten node keeps its user line
+        fn = meta_keeping(fn)
+    with fx_traceback.preserve_node_meta():
+        return make_fx(torch.func.functionalize(fn, remove="mutations"), decomposition_table=decompositions,
+                       tracing_mode=mode)(*example_inputs, *state)
+
+
+def meta_keeping(gm):
+    """`gm` run by torch.fx.Interpreter: under fx_traceback.preserve_node_meta, each node traced
+    through it hands its meta (the user's stack_trace and op, set by capture) to the aten nodes it
+    becomes; gm's generated forward would not."""
+    return lambda *args: _MetaKeepingInterpreter(gm).run(*args)
+
+
+class _MetaKeepingInterpreter(torch.fx.Interpreter):
+    def output(self, target, args, kwargs):
+        # the structure the generated forward returns: plain lists and dicts, not fx's immutable ones
+        return _mutable(args[0])
+
+
+def _mutable(value):
+    if isinstance(value, list):
+        return [_mutable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _mutable(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_mutable(v) for v in value)
+    return value
+
+
+class MetaKeepingModule(torch.nn.Module):
+    """A module whose call runs `gm` through meta_keeping (torch.func.functional_call needs a module)."""
+
+    def __init__(self, gm):
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args):
+        return meta_keeping(self.gm)(*args)
 
 
 def _has_mutations(graph):
@@ -183,9 +222,10 @@ def _flat_function(gm, num_inputs, state_names):
         before = [_shape(x) for x in inputs]
         with _RefuseOverlappingWrites():
             if state_names:
-                out = torch.func.functional_call(gm, dict(zip(state_names, flat[num_inputs:])), tuple(inputs))
+                out = torch.func.functional_call(MetaKeepingModule(gm), {f"gm.{name}": t for name, t in zip(
+                    state_names, flat[num_inputs:])}, tuple(inputs))
             else:
-                out = gm(*inputs)
+                out = meta_keeping(gm)(*inputs)
         # Only a shape change is refused: the write-back copies values, so an input whose
         # strides change (x.t_() on a square x) still reads as eager's; only its strides differ.
         for i, (x, shape) in enumerate(zip(inputs, before)):

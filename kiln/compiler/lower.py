@@ -17,6 +17,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from kiln.compiler import ir
 from kiln.compiler import lowerings, lowerings_pooling, lowerings_pooling_backward, lowerings_scan, lowerings_scatter
 from kiln.compiler.codegen.backend import DeviceBackends
+from kiln.compiler.provenance import origin_nodes
 from kiln.compiler.lowering_base import LOWERINGS, Fallback, LoweringContext, sym_layout
 from kiln.compiler.size_facts import SizeFacts
 from kiln.debug.logs import log
@@ -74,6 +75,10 @@ class GraphLowering(LoweringContext):
         self.facts = SizeFacts.of_graph(gm)  # what the guards proved about symbolic sizes
         self.backends = DeviceBackends(options)  # the kernel backend of each device (codegen/backend)
         self.device = ir.CPU  # where the node being lowered computes: its computed buffers live there
+        # provenance: buffer name -> the aten nodes it computes (see compiler/provenance)
+        self.origins = {}
+        self.origin_node = None  # the node whose lowering makes buffers now
+        self.node_order = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     # ---- buffers -------------------------------------------------------------------------
     def new_name(self):
@@ -85,6 +90,7 @@ class GraphLowering(LoweringContext):
             buf.layout = dataclasses.replace(buf.layout, device=device or self.device)
         self.buffers.append(buf)
         self.buffer_by_name[buf.name] = buf
+        self.origins[buf.name] = sorted(origin_nodes(self.origin_node, self.env), key=self.node_order.get)
         return buf
 
     def realize(self, value, layout=None):
@@ -128,6 +134,7 @@ class GraphLowering(LoweringContext):
                 self.env[node] = ir.view_value(buf.name, buf.layout)
             elif node.op == "call_function":
                 self.device = node_device(node)
+                self.origin_node = node
                 value = with_eager_strides(self.lower_node(node), node.meta.get("val"))
                 if isinstance(value, ir.TensorValue) and value.view is None and value.device != self.device:
                     value = dataclasses.replace(value, device=self.device)
@@ -208,7 +215,12 @@ class GraphLowering(LoweringContext):
 
         def as_arg(a):
             if isinstance(a, ir.TensorValue):
-                view = self.realize(a).view  # computed on its own device (a.device)
+                # the buffer computes the argument's lazy value (on its own device, a.device): its
+                # origins are that value's node's
+                saved = self.origin_node
+                self.origin_node = next((n for n in node.all_input_nodes if self.env.get(n) is a), node)
+                view = self.realize(a).view
+                self.origin_node = saved
                 own = self.buffer_by_name[view.name].layout
                 return ir.BufferArg(view.name, None if view.layout == own else view.layout)
             return a
@@ -234,6 +246,7 @@ class GraphLowering(LoweringContext):
     # ---- outputs -------------------------------------------------------------------------
     def lower_outputs(self, node):
         for position, out in enumerate(node.args[0]):
+            self.origin_node = out
             value = self.lookup(out)
             if not isinstance(value, ir.TensorValue):
                 self.outputs.append(("value", value))

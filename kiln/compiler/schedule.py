@@ -18,7 +18,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
-from kiln.compiler import ir
+from kiln.compiler import ir, provenance
 from kiln.compiler.loop_nodes import LoopNode, loop_var, substitute
 from kiln.compiler.schedule_sequential import trace_sequential
 
@@ -132,6 +132,7 @@ class Kernel:
     nodes: list
     numel: sympy.Expr
     rnumel: sympy.Expr = sympy.Integer(1)
+    provenance: list = dataclasses.field(default_factory=list)  # comment lines: its aten ops, user lines
 
     def role(self, node):
         """How `node` runs here: 'reduction', 'inner' (every point) or 'outer' (once per outer point)."""
@@ -296,6 +297,7 @@ def build_program(graph, options=None, can_fuse=None) -> Program:
             steps.append(buf.call)
             current = None
     buffers = {n: graph.buffer_by_name[n] for n in live}
+    provenance.name_kernels([s for s in steps if isinstance(s, Kernel)], graph.origins, graph.node_order)
     readers = _readers(steps)
     storage = _storage(steps, buffers, graph.outputs, readers)
     return Program(steps, buffers, graph.outputs, storage, readers)

@@ -24,13 +24,15 @@ import dataclasses
 
 import torch
 import torch.utils._pytree as pytree
+from torch.fx import traceback as fx_traceback
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.compiler.aot import is_symbolic, trace_aten
+from kiln.compiler.aot import MetaKeepingModule, is_symbolic, meta_keeping, trace_aten
 from kiln.compiler.runner import rebuilder
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
+from kiln.debug import report
 from kiln.debug.logs import enabled, log
 
 
@@ -69,7 +71,8 @@ class _GradModeVariants:
             from kiln.compiler import compile_fx  # no gradient to compute: the inference path
             with torch.no_grad():
                 return compile_fx(self.gm, _detached(example_inputs), self.options, self.inner)
-        return TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)
+        with report.stage("aot"):  # the joint trace and partition; the two graphs' compiles time themselves
+            return TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)
 
 
 class FlatGraph:
@@ -81,11 +84,12 @@ class FlatGraph:
         self.gm, self.names, self.state = gm, list(named), list(named.values())
 
     def __call__(self, *flat):
+        # node by node (aot.meta_keeping), so the aten nodes of a trace keep each node's user line
         if not self.names:
-            return self.gm(*flat)
+            return meta_keeping(self.gm)(*flat)
         num_inputs = len(flat) - len(self.names)
-        return torch.func.functional_call(self.gm, dict(zip(self.names, flat[num_inputs:])),
-                                          tuple(flat[:num_inputs]))
+        return torch.func.functional_call(MetaKeepingModule(self.gm), {f"gm.{n}": t for n, t in zip(
+            self.names, flat[num_inputs:])}, tuple(flat[:num_inputs]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +304,8 @@ def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
     with fake_mode:
         tangents = [torch.empty_like(r, memory_format=torch.contiguous_format)
                     for r, d in zip(_forward_results(flat_graph, sig, fakes), sig.differentiable) if d]
-        with_autograd = make_fx(joint_fn, decomposition_table=decompositions)(*fakes, *tangents)
+        with fx_traceback.preserve_node_meta():
+            with_autograd = make_fx(joint_fn, decomposition_table=decompositions)(*fakes, *tangents)
         args = (*_detached(fakes), *tangents)
         functional = _functionalize(with_autograd, args, decompositions)
         if _writes_intermediates(functional):
@@ -313,8 +318,8 @@ def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
 
 
 def _functionalize(gm, args, decompositions):
-    with torch.no_grad():
-        return make_fx(torch.func.functionalize(gm, remove="mutations"),
+    with torch.no_grad(), fx_traceback.preserve_node_meta():
+        return make_fx(torch.func.functionalize(meta_keeping(gm), remove="mutations"),
                        decomposition_table=decompositions)(*args)
 
 

@@ -6,8 +6,10 @@ from kiln.backends.registry import BoundBackend
 
 
 class BreakReason:
-    def __init__(self, reason, where):
-        self.reason, self.where = reason, where
+    """One graph break: the message, the user's file:line, and its kind (kiln.debug.break_kinds)."""
+
+    def __init__(self, reason, where, kind="other"):
+        self.reason, self.where, self.kind = reason, where, kind
 
     def __str__(self):
         return f"{self.reason} (at {self.where})" if self.where and self.where not in self.reason else self.reason
@@ -28,7 +30,7 @@ class ExplainOutput:
     def __str__(self):
         lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
                  f"Op Count: {sum(len(o) for o in self.ops_per_graph)}", "Break Reasons:"]
-        lines += [f"  Break Reason {i + 1}: {r}" for i, r in enumerate(self.break_reasons)]
+        lines += [f"  Break Reason {i + 1} [{r.kind}]: {r}" for i, r in enumerate(self.break_reasons)]
         lines.append("Ops per Graph:")
         for i, ops in enumerate(self.ops_per_graph):
             lines.append(f"  Graph {i + 1}: " + ", ".join(getattr(o, "__name__", str(o)) for o in ops))
@@ -83,8 +85,8 @@ def explain(fn, *args, **kwargs):
     for e in entries:
         if e.break_reason and (e.break_reason.msg, e.break_reason.where) not in seen:
             seen.add((e.break_reason.msg, e.break_reason.where))
-            reasons.append(BreakReason(e.break_reason.msg, e.break_reason.where))
-    reasons += [BreakReason(r, None) for r in eager]
+            reasons.append(BreakReason(e.break_reason.msg, e.break_reason.where, e.break_reason.kind))
+    reasons += [BreakReason(r, None, "frame_runs_eagerly") for r in eager]
     out = ExplainOutput(graphs, reasons, _guards_of(entries), eager)
     print(out)
     return out

@@ -132,7 +132,7 @@ def test_bounds_checks_name_the_kernel_and_buffer_of_a_bad_access(monkeypatch):
     kiln.reset()
     compiled = kiln.compile(lambda x: x[-512:] * 2, dynamic=True,
                             options={"debug": True, "debug_bounds_checks": True})
-    with pytest.raises(KernelBoundsError, match=r"kiln kernel kernel\d+ read buffer arg0 out of bounds"):
+    with pytest.raises(KernelBoundsError, match=r"kiln kernel kiln_\w+_\d+ read buffer arg0 out of bounds"):
         compiled(randn(100, 4))
 
 

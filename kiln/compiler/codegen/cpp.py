@@ -329,6 +329,7 @@ def generate(program, memory, options, symbols=(), kernels=None):
         for kernel in entry.kernels:
             writer = KernelWriter(kernel, program, memory, options, pointer_of, checks)
             lines = writer.write()
+            body += [f"  // {line}" for line in kernel.provenance]  # its aten ops and user lines
             body += writer.memory.finish(lines)  # the index checks wired into its loops
         entry.checks = checks.sites[first_site:]
         entry.args = args

@@ -14,8 +14,10 @@ class CppBackend(KernelBackend):
     def compile(self, program, memory, options, symbols, kernels):
         from kiln.compiler.build import load_library
         from kiln.compiler.codegen import cpp
+        from kiln.debug import report
         source, entries = cpp.generate(program, memory, options, symbols, kernels)
-        lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
+        with report.stage("build"):
+            lib = load_library(source, name_hint="graph", extra_flags=cpp.LINK_FLAGS) if entries else None
 
         def emit_call(src, entry, float_names):
             _emit_call(src, lib, entry, float_names)
