@@ -13,7 +13,7 @@ import torch
 
 # Only the runtime is imported with kiln: the interpreter, fake tensors, sympy and the compiler load on
 # the first compile (convert imports them), so `import kiln` costs little over `import torch`.
-from kiln.capture import eager_frames, runtime  # noqa: F401 (eager_frames installs itself)
+from kiln.capture import callees, eager_frames, runtime  # noqa: F401 (eager_frames installs itself)
 
 
 def optimize(model, backend, *, fullgraph=False, dynamic=None):
@@ -30,7 +30,7 @@ def optimize(model, backend, *, fullgraph=False, dynamic=None):
         owner = model.__self__
         return lambda *args, **kwargs: compiled(owner, *args, **kwargs)
     # modules (and other callables) compile a small caller frame, so hooks and __call__ are honoured
-    return runtime.optimize_function(runtime.synthetic_caller(model), backend, fullgraph, dynamic)
+    return runtime.optimize_function(callees.synthetic_caller(model), backend, fullgraph, dynamic)
 
 
 def reset():

@@ -14,7 +14,7 @@ import functools
 
 import torch.utils.checkpoint
 
-from kiln.capture import runtime
+from kiln.capture import callees
 from kiln.capture.objects import BUILTIN_HANDLERS
 from kiln.exc import Unsupported
 
@@ -37,4 +37,4 @@ def _compiled_callee(caller, f):
 
 
 BUILTIN_HANDLERS[_CHECKPOINT] = _checkpoint_breaks
-runtime.CALLEE_OVERRIDES.append(_compiled_callee)
+callees.CALLEE_OVERRIDES.append(_compiled_callee)

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from kiln.capture import runtime
+from kiln.capture import callees
 from kiln.capture.call_sites import CannotRewrite, rewrite_calls
 from kiln.capture.objects import BUILTIN_HANDLERS
 from kiln.exc import Unsupported
@@ -112,9 +112,9 @@ def _compiled_module_call(caller, mod):
     if type(mod).__call__ is not torch.nn.Module.__call__ or getattr(mod, "_compiled_call_impl", None) is not None \
             or "_compiled_call" in mod.__dict__:
         return mod
-    return functools.partial(caller.call_function, runtime.synthetic_caller(mod))
+    return functools.partial(caller.call_function, callees.synthetic_caller(mod))
 
 
 if DDP is not None:
     BUILTIN_HANDLERS[DDP.forward] = _ddp_forward_breaks
-    runtime.CALLEE_OVERRIDES.append(_compiled_callee)
+    callees.CALLEE_OVERRIDES.append(_compiled_callee)

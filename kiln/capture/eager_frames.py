@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from kiln.capture import runtime
+from kiln.capture import callees, runtime
 from kiln.capture.call_sites import CannotRewrite, original_code, rewrite_calls
 from kiln.capture.disable import compilation_disabled, is_disabled_function
 from kiln.capture.runtime import is_library_function
@@ -122,8 +122,8 @@ class Callees:
         return None
 
     def function(self, f):
-        if is_library_function(f) and runtime.CALLEE_OVERRIDES:  # library code whose callees still compile
-            return runtime.overridden_callee(self.caller, f) or f
+        if is_library_function(f) and callees.CALLEE_OVERRIDES:  # library code whose callees still compile
+            return callees.overridden_callee(self.caller, f) or f
         if is_library_function(f) or compilation_disabled() or is_disabled_function(f) or \
                 original_code(f.__code__).co_name in _COMPREHENSIONS:
             return f
@@ -133,13 +133,13 @@ class Callees:
         func = m.__func__
         if type(func) is not types.FunctionType:
             return m
-        if runtime.CALLEE_OVERRIDES and (override := runtime.overridden_callee(self.caller, m)) is not None:
+        if callees.CALLEE_OVERRIDES and (override := callees.overridden_callee(self.caller, m)) is not None:
             return override
         callee = self.function(func)
         return m if callee is func else types.MethodType(callee, m.__self__)
 
     def module(self, mod):
-        if runtime.CALLEE_OVERRIDES and (override := runtime.overridden_callee(self.caller, mod)) is not None:
+        if callees.CALLEE_OVERRIDES and (override := callees.overridden_callee(self.caller, mod)) is not None:
             return override
         cls = type(mod)
         if cls.__call__ is not _MODULE_CALL:

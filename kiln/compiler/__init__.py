@@ -81,7 +81,7 @@ def compile_aten(aten_gm, example_inputs, options=None, *, fx_gm=None, inference
     its intermediates' layouts are free to choose (layout_opt)."""
     from kiln.compiler import ir
     from kiln.compiler.build import CompileError
-    from kiln.compiler.codegen.backend import BackendUnsupported
+    from kiln.compiler.codegen.kernel_backend import BackendUnsupported
 
     options = options if options is not None else compiler_options()
     unsupported = _unsupported_symbols(aten_gm)

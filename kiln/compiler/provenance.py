@@ -101,11 +101,9 @@ def name_kernels(kernels, origins, order):
         kernel.provenance = kernel_comment(nodes)
 
 
-def kernel_origins(program, graph):
+def kernel_origins(kernels, graph):
     """[(kernel, its aten nodes)] for the report."""
-    from kiln.compiler.schedule import Kernel
-    order = graph.node_order
-    return [(k, kernel_nodes(k, graph.origins, order)) for k in program.steps if isinstance(k, Kernel)]
+    return [(k, kernel_nodes(k, graph.origins, graph.node_order)) for k in kernels]
 
 
 def kernel_sources(source, kernels):

@@ -204,7 +204,8 @@ def graph_compiled(*, aten_gm, graph, program, source, wrapper_source):
         return
     from kiln.compiler.ir_printer import print_ir, print_schedule
     from kiln.compiler.provenance import kernel_origins, kernel_sources, op_name, user_line
-    origins = kernel_origins(program, graph)
+    from kiln.compiler.schedule import Kernel
+    origins = kernel_origins([k for k in program.steps if isinstance(k, Kernel)], graph)
     codes = kernel_sources(source, [k for k, _ in origins])
     kernels = [data.Kernel(kernel.name, [n.name for n in kernel.nodes], _unique(map(op_name, nodes)),
                            _unique(filter(None, map(user_line, nodes))), codes.get(kernel.name, ""))

@@ -14,49 +14,12 @@ option `device_backend` maps device types to backends over `DEFAULT_DEVICE_BACKE
 `{"cpu": "triton"}` sends CPU graphs through Triton, which is how the Triton backend is tested on
 a machine without a GPU.
 """
-import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
+from kiln.compiler.codegen.kernel_backend import KernelBackend
 from kiln.compiler.schedule import Kernel
 
 DEFAULT_DEVICE_BACKENDS = {"cpu": "cpp", "cuda": "triton"}
-
-
-class BackendUnsupported(Exception):
-    """A backend cannot emit a kernel of this graph: the graph runs through aten (a speed cost,
-    named under KILN_LOGS=perf_hints, never a wrong answer)."""
-
-
-class KernelBackend:
-    """What the compiler asks of a device's kernel backend."""
-    name = ""
-
-    def reaches(self, device) -> bool:
-        """Whether this backend's kernels may touch memory of `device` here (installed, enabled)."""
-        raise NotImplementedError
-
-    def can_fuse(self, kernel, node) -> bool:
-        """Whether `node` may join `kernel` beyond the scheduler's own rules."""
-        return True
-
-    def plan_storage(self, program, kernels):
-        """Change the storage classes of `kernels`' buffers where this backend keeps values
-        differently (before the memory plan). Raises BackendUnsupported for a kernel it cannot emit."""
-
-    def compile(self, program, memory, options, symbols, kernels) -> "CompiledKernels":
-        """Code for `kernels` (this backend's, in program order) and the entries the wrapper calls."""
-        raise NotImplementedError
-
-
-@dataclasses.dataclass
-class CompiledKernels:
-    """One backend's code for a graph: `entries` (each has `.kernels`, in order, and
-    `.uses_workspace`), the source (for inspection and logs), and how the wrapper calls an entry."""
-    backend: str
-    entries: list
-    source: str
-    emit_call: Callable   # (wrapper _Source, entry, float symbol names) -> None: writes the call's lines
-    library_name: Optional[str] = None
 
 
 def backend_named(name):

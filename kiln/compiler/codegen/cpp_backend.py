@@ -2,7 +2,7 @@
 built and loaded with ctypes (build.py), each entry called from the wrapper with data pointers."""
 import ctypes
 
-from kiln.compiler.codegen.backend import CompiledKernels, KernelBackend
+from kiln.compiler.codegen.kernel_backend import CompiledKernels, KernelBackend
 
 
 class CppBackend(KernelBackend):

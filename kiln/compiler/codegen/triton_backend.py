@@ -8,7 +8,7 @@ import sys
 
 import sympy
 
-from kiln.compiler.codegen.backend import CompiledKernels, KernelBackend
+from kiln.compiler.codegen.kernel_backend import CompiledKernels, KernelBackend
 from kiln.compiler.codegen.triton_exprs import PRELUDE
 from kiln.compiler.codegen.triton_kernels import TritonKernelWriter, persistent
 from kiln.compiler.codegen.triton_libm import interpreting

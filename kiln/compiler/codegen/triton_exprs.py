@@ -11,7 +11,7 @@ import sympy
 import torch
 
 from kiln.compiler import ir
-from kiln.compiler.codegen.backend import BackendUnsupported
+from kiln.compiler.codegen.kernel_backend import BackendUnsupported
 from kiln.compiler.codegen.index_print import IndexSpelling, LoopExprPrinter, print_index
 
 TL_TYPES = {

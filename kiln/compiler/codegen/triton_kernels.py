@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from kiln.compiler import ir
-from kiln.compiler.codegen.backend import BackendUnsupported
+from kiln.compiler.codegen.kernel_backend import BackendUnsupported
 from kiln.compiler.codegen.cpp_memory import Checks, KernelIndexError
 from kiln.compiler.codegen.triton_libm import interpreting
 from kiln.compiler.codegen.triton_exprs import (BLOCK_SHAPES, REDUCTIONS, TL_TYPES, TritonPrinter, compute_dtype,
