@@ -21,7 +21,7 @@ import weakref
 import torch
 
 from kiln.config import config as settings  # (the settings object, however kiln.config is bound)
-from kiln.capture import capture_cache, dynamic as dynamic_mod, fx_sources, torch_caches
+from kiln.capture import autograd_hooks, capture_cache, dynamic as dynamic_mod, fx_sources, torch_caches
 from kiln.capture.call_sites import original_code
 from kiln.capture.callees import CALLEE_OVERRIDES, overridden_callee
 from kiln.capture.disable import compilation_disabled, is_disabled_function
@@ -103,7 +103,8 @@ class CodeCache:
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
             if not self.dynamism.has_changes() and not report.active():  # (else capture makes what
                 # changed symbolic; a compile report wants what capture records)
-                entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
+                with autograd_hooks.hidden():  # (its backend compiles here, as compile_frame's does)
+                    entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
                 if entry is not None:
                     return self._adopt(entry)
             from kiln.capture.convert import EagerCall, EagerFrame, compile_frame  # capture loads on the first miss

@@ -61,6 +61,13 @@ _kind("function_transform",
       "Keep the transformed function to tensor in, tensor out; call the transform outside the compiled "
       "region otherwise.",
       r"function made by", r"a function under", r"\bvmap\b")
+_kind("runs_natively",
+      "A library call kiln runs as itself around the graph on purpose (DistributedDataParallel's forward, "
+      "torch.utils.checkpoint, a torch.distributed collective that talks to other ranks); what it calls "
+      "in the program is still compiled.",
+      "Nothing to fix: this break is by design. Fewer such calls in the hot path means fewer graphs.",
+      r"runs natively", r"communicates with the other ranks", r"runs outside the graph",
+      r"of a torch\.distributed call")
 _kind("numpy",
       "NumPy code kiln cannot trace through torch (an array from outside the graph, a dtype or function "
       "without a torch counterpart).",
