@@ -127,11 +127,17 @@ BINARY = {
 EXACT_SECOND_OPERAND = ("mul", "truediv", "floordiv")
 
 
+def _operands(ctx, name, a, b, dtype=None):
+    """a, b as the kernel `name` takes them (kernel_operands with its exact second operand)."""
+    exact = (1,) if name in EXACT_SECOND_OPERAND else ()
+    return kernel_operands(dtype or ctx.out_meta().dtype, (a, b), exact=exact)
+
+
 def _binary(name, narrow=True):
     def lower(ctx, a, b):
         check_real(a, b)
         if narrow:
-            a, b = kernel_operands(ctx.out_meta().dtype, (a, b), exact=(1,) if name in EXACT_SECOND_OPERAND else ())
+            a, b = _operands(ctx, name, a, b)
         return pointwise(ctx, lambda x, y: op(name, x, y), a, b)
     return lower
 
@@ -143,7 +149,7 @@ for _target, _name in BINARY.items():
 @register(aten.div.Tensor, aten.div.Scalar)
 def div(ctx, a, b):
     check_real(a, b)
-    a, b = kernel_operands(ctx.out_meta().dtype, (a, b), exact=(1,))
+    a, b = _operands(ctx, "truediv", a, b)
     return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
 
 
@@ -151,7 +157,7 @@ def div(ctx, a, b):
 def div_mode(ctx, a, b, rounding_mode=None):
     check_real(a, b)
     dtype = ctx.out_meta().dtype
-    a, b = kernel_operands(dtype, (a, b), exact=(1,))
+    a, b = _operands(ctx, "truediv", a, b, dtype)  # (every rounding mode divides: eager's div kernels)
     if rounding_mode is None:
         return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
     if rounding_mode == "floor":
