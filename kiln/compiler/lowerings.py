@@ -118,7 +118,6 @@ BINARY = {
     aten.bitwise_or.Scalar: "bitwise_or", aten.bitwise_xor.Scalar: "bitwise_xor",
     aten.remainder.Tensor: "remainder", aten.remainder.Scalar: "remainder",
     aten.fmod.Tensor: "fmod", aten.fmod.Scalar: "fmod",
-    aten.floor_divide.default: "floordiv", aten.floor_divide.Scalar: "floordiv",
 }
 
 
@@ -153,6 +152,47 @@ def div(ctx, a, b):
     return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
 
 
+def _stepwise_floordiv(dtype):
+    """x // y as eager's half kernel computes it (Vectorized<Half>'s div_floor_floating_vec): in
+    float, each step rounded to `dtype`, so the quotient is rounded before it is floored (float16
+    284 // 0.10638 is 2670: the quotient 2669.6 rounds up; floored first, 2669 would round to 2668)."""
+    def fn(x, y):
+        f = x.dtype
+        def rounded(e):
+            return cast(cast(e, dtype), f)
+        def test(name, *args):
+            return op(name, *args, dtype=torch.bool)
+        zero, one = const(0.0, f), const(1.0, f)
+        quotient = rounded(op("truediv", x, y))
+        mod = op("fmod", x, y)  # exact: no rounding
+        overflowed = test("logical_and", test("isinf", quotient), test("logical_not", test("isinf", x)))
+        div = rounded(op("truediv", op("where", overflowed, x, rounded(op("sub", x, mod))), y))
+        wrong_sign = test("logical_and", test("ne", mod, zero), test("logical_xor", test("lt", y, zero),
+                                                                        test("lt", mod, zero)))
+        div = op("where", wrong_sign, rounded(op("sub", div, one)), div)
+        floor = op("floor", div)
+        floor = op("where", test("gt", op("sub", div, floor), const(0.5, f)), rounded(op("add", floor, one)), floor)
+        floor = op("where", test("eq", div, zero), op("mul", quotient, zero), floor)  # zero with the quotient's sign
+        return op("where", test("eq", y, zero), quotient, floor)
+    return fn
+
+
+def _floor_quotient(ctx, a, b, dtype):
+    """a // b after _operands: eager's half kernel rounds each step unless b is one element (then
+    it computes in float and rounds once, like kiln's floordiv)."""
+    if dtype in ir.HALF_DTYPES and not one_element(b):
+        return pointwise(ctx, _stepwise_floordiv(dtype), a, b)
+    return pointwise(ctx, lambda x, y: op("floordiv", x, y), a, b)
+
+
+@register(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(ctx, a, b):
+    check_real(a, b)
+    dtype = ctx.out_meta().dtype
+    a, b = _operands(ctx, "floordiv", a, b, dtype)
+    return _floor_quotient(ctx, a, b, dtype)
+
+
 @register(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(ctx, a, b, rounding_mode=None):
     check_real(a, b)
@@ -161,7 +201,7 @@ def div_mode(ctx, a, b, rounding_mode=None):
     if rounding_mode is None:
         return pointwise(ctx, lambda x, y: op("truediv", x, y), a, b)
     if rounding_mode == "floor":
-        return pointwise(ctx, lambda x, y: op("floordiv", x, y), a, b)
+        return _floor_quotient(ctx, a, b, dtype)
     if dtype.is_floating_point and dtype in ir.HALF_DTYPES and not one_element(b):
         # eager's half kernel rounds the quotient to the half dtype before truncating it
         return pointwise(ctx, lambda x, y: op("trunc", cast(cast(op("truediv", x, y), dtype), x.dtype)), a, b)
