@@ -321,3 +321,16 @@ def test_expanded_output_is_not_stored_over_its_input():
     def fn(a, b):
         return torch.erf(a @ b).expand(2, 3, 4)
     check(fn, lambda: (grid(3, 5), grid(5, 4, seed=1)), exact=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_sin_and_cos_of_atan_keep_nan(dtype):
+    # seed 300049: logsumexp(cat([atan(x).cos()] * 2), (1, 0)) was a number where x held a NaN: gcc
+    # folds cos(atan(x)) into `|x| < t ? 1 / sqrt(x*x + 1) : 0` under -fno-math-errno, 0 for NaN
+    def fn(x):
+        return x.atan().cos(), x.atan().sin(), torch.logsumexp(x.atan().cos(), 0)
+    x = torch.tensor([[0.5, float("nan"), -float("nan")], [float("inf"), -float("inf"), 2.0]] * 9, dtype=dtype)
+    actual, expected = check(fn, lambda: (x.clone(),), exact=False)
+    for a, e in zip(actual, expected):
+        assert torch.equal(a.isnan(), e.isnan())
+
