@@ -31,6 +31,7 @@ import sys
 import torch
 
 from kiln.config import config  # (the settings object: `kiln.config` names it once kiln is imported)
+from kiln import sources_digest
 from kiln.backends import registry
 from kiln.capture import portable
 from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
@@ -219,7 +220,7 @@ def _frame_key(code, backend, fullgraph, dynamic):
         "backend": backend_desc, "fullgraph": fullgraph, "dynamic": dynamic,
         "settings": sorted([k, repr(v)] for k, v in config._values.items() if k != "cache_size_limit"),
         "modes": graph_cache._global_modes(),
-        "versions": [torch.__version__, list(sys.version_info[:3]), _kiln_sources_hash()],
+        "versions": [torch.__version__, list(sys.version_info[:3]), sources_digest.digest("kiln")],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -230,20 +231,6 @@ def _backend_description(backend):
     if name not in _KILN_BACKENDS or getattr(backend, "fn", None) is not registry.lookup_backend(name):
         return None
     return [name, sorted([k, repr(v)] for k, v in (backend.options or {}).items())]
-
-
-_SOURCES_HASH = []
-
-
-def _kiln_sources_hash():
-    """kiln as source text: an entry made by other capture or compiler code is never reused."""
-    if not _SOURCES_HASH:
-        h = hashlib.sha256()
-        root = pathlib.Path(__file__).resolve().parents[1]
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-        _SOURCES_HASH.append(h.hexdigest())
-    return _SOURCES_HASH[0]
 
 
 # ---- sources (for automatic dynamic, which compares a loaded entry's input sizes too) ---------------

@@ -21,7 +21,7 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
         log("perf_hints", "option %s has no effect on CPU: %s", name, why)
     if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
                                     or any(p.requires_grad for p in gm.parameters())):
-        from kiln.compiler.training import compile_training
+        from kiln.compiler.grad_modes import compile_training
         if options.get("freezing"):
             log("perf_hints", "freezing applies to inference graphs (torch.no_grad()); this graph is "
                 "compiled for training, its parameters as inputs")

@@ -31,13 +31,13 @@ import importlib
 import io
 import json
 import operator
-import pathlib
 import sys
 import types
 
 import torch
 import torch.utils._pytree as pytree
 
+from kiln import sources_digest
 from kiln.compiler import build
 from kiln.debug.logs import log
 
@@ -93,7 +93,7 @@ _OFF = Lookup(None)
 
 def lookup(gm, example_inputs, options):
     """The cached runner for `gm` compiled for `example_inputs` (Lookup.runner), or a Lookup to store into."""
-    if not options.get("graph_cache", True) or options.get("trace.enabled") or options.get("debug"):
+    if not enabled(options):
         return _OFF
     try:
         key = graph_key(gm, example_inputs, options)
@@ -117,12 +117,18 @@ def lookup(gm, example_inputs, options):
     return found
 
 
+def enabled(options):
+    """Whether compiled graphs are kept on disk under these compiler options (a trace or the debug
+    checks want the compile itself)."""
+    return options.get("graph_cache", True) and not options.get("trace.enabled") and not options.get("debug")
+
+
 # ---- the key ------------------------------------------------------------------------------------
 def graph_key(gm, example_inputs, options):
     module_tensors = _module_tensors(gm)
     parts = {
         "format": FORMAT,
-        "versions": [torch.__version__, list(sys.version_info[:2]), _compiler_sources_hash()],
+        "versions": [torch.__version__, list(sys.version_info[:2]), sources_digest.digest("compiler")],
         "modes": _global_modes(),
         "options": [[k, _literal(v, f"option {k}")] for k, v in sorted(options.items())],
         "code": gm.code,
@@ -138,16 +144,6 @@ def _global_modes():
     return [torch.get_num_threads(), str(torch.get_default_dtype()), torch.is_grad_enabled(),
             torch.is_inference_mode_enabled(), torch.are_deterministic_algorithms_enabled(),
             [[torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")]]
-
-
-@functools.lru_cache(maxsize=None)
-def _compiler_sources_hash():
-    """kiln's compiler, as source text: a changed lowering or codegen never reuses an old entry."""
-    h = hashlib.sha256()
-    root = pathlib.Path(__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 def _module_tensors(gm):
@@ -251,6 +247,19 @@ def _resolve(module, path):
 
 # ---- describing a compiled graph ------------------------------------------------------------------
 def _describe(found, aten, flat_fn):
+    module_tensors = _module_tensors(found.gm)
+    return {
+        "format": FORMAT, "key": found.key,
+        **describe_compiled(flat_fn, module_tensors, input_storages(found.gm, found.example_inputs)),
+        "runner": _runner_metadata(aten, module_tensors),
+    }
+
+
+def describe_compiled(flat_fn, module_tensors, storages):
+    """The JSON-able form of a compiled aten graph (compile_aten's callable): its library's build
+    recipe, its wrapper's source and each global the wrapper reads. `module_tensors`: {id: attribute
+    path} of the tensors read through the fx graph; `storages`: the input tensors' storages, which no
+    baked constant may share. Uncacheable when any of it cannot be described."""
     wrapper_source = getattr(flat_fn, "kiln_wrapper", "")
     if not wrapper_source or "<whole graph>" in flat_fn.kiln_fallbacks or \
             getattr(flat_fn, "__code__", None) is None or flat_fn.__code__.co_name != "kiln_graph":
@@ -258,8 +267,6 @@ def _describe(found, aten, flat_fn):
     code = flat_fn.__code__
     if flat_fn.__closure__ or _compiled_wrapper(wrapper_source).co_code != code.co_code:
         raise Uncacheable("the wrapper function is not its source alone")
-    module_tensors = _module_tensors(found.gm)
-    storages = {t.untyped_storage().data_ptr() for t in _all_tensors(found.gm, found.example_inputs)}
     library = None
     described = {}
     for name in sorted(_global_names(code)):
@@ -272,11 +279,9 @@ def _describe(found, aten, flat_fn):
             library = _same_library(library, value, name)
         described[name] = desc
     return {
-        "format": FORMAT, "key": found.key,
         "library": library,
         "wrapper": wrapper_source,
         "globals": described,
-        "runner": _runner_metadata(aten, module_tensors),
         "inspect": {"kernels": [dataclasses.asdict(k) for k in flat_fn.kiln_kernels],
                     "fallbacks": list(flat_fn.kiln_fallbacks)},
     }
@@ -296,8 +301,10 @@ def _global_names(code):
     return names
 
 
-def _all_tensors(gm, example_inputs):
-    return [*gm.parameters(), *gm.buffers(), *(x for x in example_inputs if isinstance(x, torch.Tensor))]
+def input_storages(gm, example_inputs):
+    """The storages of the graph's parameters, buffers and tensor inputs (data pointers)."""
+    return {t.untyped_storage().data_ptr()
+            for t in (*gm.parameters(), *gm.buffers(), *(x for x in example_inputs if isinstance(x, torch.Tensor)))}
 
 
 def _describe_value(value, name, module_tensors, storages):
@@ -381,6 +388,24 @@ def _runner_metadata(aten, module_tensors):
 # ---- loading --------------------------------------------------------------------------------------
 def _load(entry, gm, example_inputs, options):
     from kiln.compiler import runner as graph_runner
+
+    flat_fn = load_compiled(entry, gm)
+    meta = entry["runner"]
+    aten = graph_runner.AtenGraph(
+        gm=None, num_user_outputs=meta["num_user_outputs"], mutated_inputs=meta["mutated_inputs"],
+        out_spec=pytree.treespec_loads(meta["out_spec"]),
+        mutated_attrs=[operator.attrgetter(path)(gm) for path in meta["mutated_attrs"]],
+        output_aliases=[graph_runner.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
+                        for k, i, view in meta["output_aliases"]],
+        output_views=[graph_runner.OutputView(k, base, tuples(view), tuples(base_layout))
+                      for k, base, view, base_layout in meta["output_views"]])
+    runner = graph_runner.make_runner(aten, flat_fn)
+    runner.kiln_aten = _AtenOnDemand(gm, [_placeholder_like(x) for x in example_inputs], options)
+    return runner
+
+
+def load_compiled(entry, gm):
+    """The callable `describe_compiled` described (module tensors read from `gm`)."""
     from kiln.compiler.debug import KernelInfo, log_output_code
 
     library = entry["library"]
@@ -395,23 +420,12 @@ def _load(entry, gm, example_inputs, options):
     flat_fn.kiln_wrapper = entry["wrapper"]
     flat_fn.kiln_fallbacks = list(entry["inspect"]["fallbacks"])
     log_output_code(getattr(lib, "_name", None), flat_fn.kiln_source, flat_fn.kiln_wrapper)
-    meta = entry["runner"]
-    aten = graph_runner.AtenGraph(
-        gm=None, num_user_outputs=meta["num_user_outputs"], mutated_inputs=meta["mutated_inputs"],
-        out_spec=pytree.treespec_loads(meta["out_spec"]),
-        mutated_attrs=[operator.attrgetter(path)(gm) for path in meta["mutated_attrs"]],
-        output_aliases=[graph_runner.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
-                        for k, i, view in meta["output_aliases"]],
-        output_views=[graph_runner.OutputView(k, base, _tuples(view), _tuples(base_layout))
-                      for k, base, view, base_layout in meta["output_views"]])
-    runner = graph_runner.make_runner(aten, flat_fn)
-    runner.kiln_aten = _AtenOnDemand(gm, [_placeholder_like(x) for x in example_inputs], options)
-    return runner
+    return flat_fn
 
 
-def _tuples(value):
+def tuples(value):
     """JSON lists back to the nested tuples aot's layouts are."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+    return tuple(tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _rebuild(desc, gm, lib):
