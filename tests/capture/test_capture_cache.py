@@ -173,3 +173,16 @@ def test_an_entry_checking_a_live_function_by_identity_is_not_stored(tmp_path):
     assert cold["stores"] == 0 and cold["captures"] == 2, cold
     warm, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
     assert warm["captures"] == 2 and warm["loads"] == 0, warm
+
+
+def test_a_saved_cache_loads_into_an_empty_one(tmp_path, cold_cache, monkeypatch):
+    """kiln.cache.save in one place, kiln.cache.load into a process with an empty cache: it runs no
+    capture and no compile."""
+    import kiln
+    monkeypatch.setenv("KILN_CACHE_DIR", str(cold_cache))
+    pack = tmp_path / "pack"
+    assert kiln.cache.save(pack) >= 4  # two capture entries, two graphs, their libraries
+    assert not list(pack.rglob("*.lock"))
+    warm, _ = _run(tmp_path, prelude=f"print('loaded', kiln.cache.load({str(pack)!r}))")
+    assert warm["captures"] == 0 and warm["loads"] == 2, warm
+    assert warm["graph_hits"] == 2 and warm["graph_misses"] == 0, warm
