@@ -16,9 +16,14 @@ the compiler's graph cache, so neither the symbolic interpreter nor make_fx nor 
   is finished (its graph handed to the backend, which finds it in the graph cache; the glue built).
   A damaged file, a name that no longer resolves, a changed fingerprint, a backend that raises:
   the entry is dropped and capture runs, never a stale answer.
+- symbolic sizes: the graph's placeholders carry their symbolic descriptions and the entry what the
+  ShapeEnv knew (graph_cache keys the compiled graph by both); a loaded symbolic graph has no fake
+  values, so only its compiled form from the graph cache may serve it (a miss: capture again).
+  An entry also records what automatic dynamic had seen change when it was made, and loads only
+  in that state (the state a capture would make the same entry in).
 - not stored (logged under KILN_LOGS=perf_hints): entries whose guards check a live object other
   than an nn.Module by identity, whose glue holds an object only this process has (a resume
-  function after a graph break, a cell, a code object), graphs with symbolic sizes, user backends.
+  function after a graph break, a cell, a code object), aot_eager's symbolic graphs, user backends.
 - `kiln.config.capture_cache` (KILN_CAPTURE_CACHE=0) turns it off.
 """
 import dataclasses
@@ -40,7 +45,7 @@ from kiln.capture.guards import SYMPY_PRINTER_NAMES, Guard, Liveness, first_fail
 from kiln.capture.sources import AttrSource, CellSource, GlobalSource, ItemSource, LocalSource
 from kiln.debug.logs import log
 
-FORMAT = 1
+FORMAT = 2  # 2: symbolic graphs (size facts, placeholder descriptions), the dynamism an entry was made under
 _KILN_BACKENDS = ("inductor", "eager", "aot_eager")
 
 
@@ -63,16 +68,16 @@ def stored_form(og, glue, graph_fn, gm, glue_src, backend, code):
     if not config.capture_cache or _backend_description(backend) is None:
         return None
     try:
-        return _describe_entry(og, glue, graph_fn, gm, glue_src)
+        return _describe_entry(og, glue, graph_fn, gm, glue_src, backend)
     except portable.Unportable as e:
         stats.unportable += 1
         log("perf_hints", "entry for %s kept in this process only (capture cache): %s", code.co_qualname, e)
         return None
 
 
-def _describe_entry(og, glue, graph_fn, gm, glue_src):
-    if og.dynamic_inputs:
-        raise portable.Unportable("the graph has symbolic sizes")
+def _describe_entry(og, glue, graph_fn, gm, glue_src, backend):
+    if og.dynamic_inputs and backend.name == "aot_eager":  # (it would trace a loaded graph at one size)
+        raise portable.Unportable("aot_eager's graph has symbolic sizes")
     guard_sources = og.guards.sources(portable=True)
     if guard_sources is None:
         raise portable.Unportable("a guard checks a live object by identity")
@@ -87,10 +92,23 @@ def _describe_entry(og, glue, graph_fn, gm, glue_src):
         "glue_consts": {name: ["graph"] if value is graph_fn else portable.describe(value, tags)
                         for name, value in _used(glue.ctx.consts, glue_src)},
         "graph": portable.graph_to_json(gm) if gm is not None else None,
+        "size_facts": _size_facts(gm),
         "inputs": inputs,
         "input_values": [[_encode_source(s), list(v) if isinstance(v, tuple) else portable.describe(v, {})]
                          for s, v in og.input_values() if _encode_source(s) is not None],
     }
+
+
+def _size_facts(gm):
+    """What the ShapeEnv knew about a symbolic graph's sizes (graph_cache keys its compiled form by
+    it); None for a static graph."""
+    from kiln.compiler import graph_cache
+    if gm is None or graph_cache.symbolic_inputs(gm) is None:
+        return None
+    try:
+        return graph_cache.size_facts(gm)
+    except graph_cache.Uncacheable as e:
+        raise portable.Unportable(str(e)) from None
 
 
 def _used(consts, text):
@@ -104,10 +122,11 @@ def _describe_used(consts, text, tags):
 def store(cache, entry):
     """Write `entry` (just captured for `cache`, a runtime.CodeCache) for later processes."""
     key = _key_of(cache)
-    if key is None or entry.stored_form is None:
+    dynamism = _encode_dynamism(cache.dynamism)
+    if key is None or entry.stored_form is None or dynamism is None:
         return
     from kiln.compiler import build
-    body = {"format": FORMAT, "key": key, "entry": entry.stored_form}
+    body = {"format": FORMAT, "key": key, "dynamism": dynamism, "entry": entry.stored_form}
     data = build.seal(body)
     try:
         folder = build.cache_subdir("capture", key[:2], key)
@@ -124,7 +143,10 @@ def load(cache, F, L):
     None when there is none. Entries whose guards fail stay candidates for later misses."""
     if cache.stored is None:
         cache.stored = _read_entries(_key_of(cache))
+    dynamism = _encode_dynamism(cache.dynamism)
     for candidate in list(cache.stored):
+        if candidate.dynamism != dynamism:  # made after other sizes changed: capture would make another
+            continue
         try:
             entry = candidate.ready(cache, F, L)
         except Exception as e:  # Stale, or anything a damaged entry makes fail: capture runs instead
@@ -156,15 +178,15 @@ def _read_entries(key):
     for path in paths[-config.cache_size_limit:]:  # the newest: a cache holds no more in memory
         body = build.read_sealed(path, lambda body: body.get("format") == FORMAT and body.get("key") == key)
         if body is not None:
-            found.append(_Stored(path, body["entry"]))
+            found.append(_Stored(path, body["entry"], body.get("dynamism")))
     return found
 
 
 class _Stored:
     """One entry read from disk: its guards built on first use, the rest when they pass."""
 
-    def __init__(self, path, form):
-        self.path, self.form = pathlib.Path(path), form
+    def __init__(self, path, form, dynamism):
+        self.path, self.form, self.dynamism = pathlib.Path(path), form, dynamism
         self.check = self.guards = self.first_failure = None
 
     def ready(self, cache, F, L):
@@ -178,6 +200,8 @@ class _Stored:
         gm = None
         if form["graph"] is not None:
             gm = portable.graph_from_json(form["graph"])
+            if form["size_facts"] is not None:  # no fake values: only its compiled form from the cache serves
+                gm.meta.update(kiln_size_facts=form["size_facts"], kiln_from_disk_symbolic=True)
             scope = {**SYMPY_PRINTER_NAMES, **consts, "F": F, "L": L, "G": F.__globals__}
             example_inputs = [eval(expr, scope) for expr in form["inputs"]]
             graph_fn = cache.backend(gm, example_inputs)
@@ -248,6 +272,16 @@ def _encode_source(s):
         base = _encode_source(s.base)
         return None if base is None else ["item", base, s.index]
     return None
+
+
+def _encode_dynamism(dynamism):
+    """What automatic dynamic saw change (dynamic.InputDynamism) as JSON; None when a source has no
+    portable form."""
+    dims = [[_encode_source(source), sorted(d)] for source, d in dynamism.changed_dims.items() if d]
+    scalars = [_encode_source(source) for source in dynamism.changed_scalars]
+    if any(enc is None for enc, _ in dims) or any(enc is None for enc in scalars):
+        return None
+    return {"dims": sorted(dims, key=json.dumps), "scalars": sorted(scalars, key=json.dumps)}
 
 
 def _decode_source(enc):

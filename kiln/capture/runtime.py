@@ -101,8 +101,7 @@ class CodeCache:
                 self._log_recompile(F, L)
                 report.recompiling(self.code, self.entries, F, L, _evaluate)
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
-            if not self.dynamism.has_changes() and not report.active():  # (else capture makes what
-                # changed symbolic; a compile report wants what capture records)
+            if not report.active():  # (a compile report wants what capture records)
                 with autograd_hooks.hidden():  # (its backend compiles here, as compile_frame's does)
                     entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
                 if entry is not None:

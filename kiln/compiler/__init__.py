@@ -34,6 +34,8 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
               else graph_cache.Lookup(None))
     if cached.runner is not None:  # compiled by an earlier process: no aot, lowering or codegen
         return _eager_when_mutated_inputs_alias(cached.runner, gm)
+    if graph_cache.needs_a_hit(gm):
+        raise graph_cache.NotCached("a graph with symbolic sizes loaded from disk has no compiled form in the cache")
     from kiln.compiler import aot  # (make_fx, fake tensors, sympy: not needed for a graph the cache had)
     try:
         with report.stage("aot"):

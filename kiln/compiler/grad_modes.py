@@ -8,8 +8,10 @@ process whose training graphs all come from disk).
 """
 import torch
 
+from kiln.compiler import graph_cache
 from kiln.compiler.training_runtime import detached
 from kiln.debug import report
+from kiln.debug.logs import log
 
 
 def compile_training(gm, example_inputs, options, inner, *, recompute=True):
@@ -33,7 +35,12 @@ class _GradModeVariants:
         key = self._key(args)
         compiled = self.variants.get(key)
         if compiled is None:
-            compiled = self.variants[key] = self._compile(args)
+            try:
+                compiled = self._compile(args)
+            except graph_cache.NotCached as e:  # (a graph from disk, no fake values to compile it with)
+                log("perf_hints", "%s: this grad situation runs the graph eagerly", e)
+                compiled = self.gm.forward
+            self.variants[key] = compiled
         return compiled(*args)
 
     def _key(self, args):
@@ -50,6 +57,9 @@ class _GradModeVariants:
         cached = training_cache.lookup(self.gm, example_inputs, self.options, self.inner, self.recompute)
         if cached.graph is not None:  # traced and compiled by an earlier process
             return cached.graph
+        if graph_cache.needs_a_hit(self.gm):
+            raise graph_cache.NotCached("a training graph with symbolic sizes loaded from disk has no compiled form "
+                                        "in the cache")
         from kiln.compiler.training import TrainingGraph
         with report.stage("aot"):  # the joint trace and partition; the two graphs' compiles time themselves
             graph = TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)

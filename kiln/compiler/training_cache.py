@@ -53,6 +53,7 @@ class Lookup:
                      "saved_all_tensors": graph.plan.saved_all_tensors,
                      "forward": graph_cache.describe_compiled(graph.forward, {}, self.storages),
                      "backward": graph_cache.describe_compiled(backward, {}, self.storages)}
+            graph_cache.check_plain(entry)
         except graph_cache.Uncacheable as e:
             graph_cache.stats.uncacheable += 1
             log("perf_hints", "training graph not kept in the graph cache: %s", e)
