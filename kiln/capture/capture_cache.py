@@ -22,8 +22,10 @@ the compiler's graph cache, so neither the symbolic interpreter nor make_fx nor 
   An entry also records what automatic dynamic had seen change when it was made, and loads only
   in that state (the state a capture would make the same entry in).
 - not stored (logged under KILN_LOGS=perf_hints): entries whose guards check a live object other
-  than an nn.Module by identity, whose glue holds an object only this process has (a resume
-  function after a graph break, a cell, a code object), aot_eager's symbolic graphs, user backends.
+  than an nn.Module by identity, whose glue holds an object only this process has (a cell, a code
+  object other than a resume function's), aot_eager's symbolic graphs, user backends. After a graph
+  break the glue's resume functions are stored by where they resume (offset, stack layout, live
+  locals) and made again on load; each is a frame of its own, with entries of its own.
 - `kiln.config.capture_cache` (KILN_CAPTURE_CACHE=0) turns it off.
 """
 import dataclasses
@@ -32,6 +34,7 @@ import json
 import pathlib
 import re
 import sys
+import types
 
 import torch
 
@@ -63,19 +66,20 @@ stats = CaptureCacheStats()
 
 
 # ---- storing --------------------------------------------------------------------------------------
-def stored_form(og, glue, graph_fn, gm, glue_src, backend, code):
-    """The JSON-able form of a new entry another process can load, or None (logged why)."""
+def stored_form(og, glue, graph_fn, gm, glue_src, backend, code, caller):
+    """The JSON-able form of a new entry another process can load, or None (logged why). `caller`: the
+    runtime.Caller the glue calls at a graph break (callees, resume functions' caches)."""
     if not config.capture_cache or _backend_description(backend) is None:
         return None
     try:
-        return _describe_entry(og, glue, graph_fn, gm, glue_src, backend)
+        return _describe_entry(og, glue, graph_fn, gm, glue_src, backend, _GlueObjects(code, graph_fn, caller))
     except portable.Unportable as e:
         stats.unportable += 1
         log("perf_hints", "entry for %s kept in this process only (capture cache): %s", code.co_qualname, e)
         return None
 
 
-def _describe_entry(og, glue, graph_fn, gm, glue_src, backend):
+def _describe_entry(og, glue, graph_fn, gm, glue_src, backend, glue_objects):
     if og.dynamic_inputs and backend.name == "aot_eager":  # (it would trace a loaded graph at one size)
         raise portable.Unportable("aot_eager's graph has symbolic sizes")
     guard_sources = og.guards.sources(portable=True)
@@ -89,14 +93,58 @@ def _describe_entry(og, glue, graph_fn, gm, glue_src, backend):
         "guard_texts": [g.text for g in og.guards.guards],
         "guard_consts": _describe_used(og.guards.ctx.consts, "".join(guard_sources), tags),
         "glue": glue_src,
-        "glue_consts": {name: ["graph"] if value is graph_fn else portable.describe(value, tags)
-                        for name, value in _used(glue.ctx.consts, glue_src)},
+        "glue_consts": {name: glue_objects.describe(value, tags) for name, value in _used(glue.ctx.consts, glue_src)},
         "graph": portable.graph_to_json(gm) if gm is not None else None,
         "size_facts": _size_facts(gm),
         "inputs": inputs,
         "input_values": [[_encode_source(s), list(v) if isinstance(v, tuple) else portable.describe(v, {})]
                          for s, v in og.input_values() if _encode_source(s) is not None],
     }
+
+
+class _GlueObjects:
+    """The objects of this process a frame's glue holds that the capture cache remakes on load: the
+    compiled graph, the runtime's Caller, and after a graph break each resume function (its code, made
+    again by resume.resume_code from the frame's code and the break's offset and layout, and its cache)."""
+
+    def __init__(self, code, graph_fn, caller):
+        self.code, self.graph_fn, self.caller = code, graph_fn, caller
+
+    def describe(self, value, tags):
+        if value is self.graph_fn:
+            return ["graph"]
+        if value is self.caller:
+            return ["caller"]
+        if value is types.FunctionType:  # (what makes a resume function; its name is not importable)
+            return ["function_type"]
+        spot = self._resume_spot(value)
+        if spot is not None:
+            return ["resume_code", *spot]
+        rcode = getattr(value, "code", None)  # a runtime.CodeCache: a resume function's
+        spot = self._resume_spot(rcode)
+        if spot is not None and self.caller.resume_cache(rcode) is value:
+            return ["resume_cache", *spot]
+        return portable.describe(value, tags)
+
+    def _resume_spot(self, value):
+        if not isinstance(value, types.CodeType):
+            return None
+        from kiln.capture import resume
+        return resume.resume_spot(value, self.code)
+
+    @staticmethod
+    def rebuild(desc, cache, caller):
+        """The object `describe` described, for `cache` (the frame's runtime.CodeCache)."""
+        kind = desc[0]
+        if kind not in ("caller", "function_type", "resume_code", "resume_cache"):
+            return portable.rebuild(desc)
+        if kind == "caller":
+            return caller
+        if kind == "function_type":
+            return types.FunctionType
+        from kiln.capture import resume
+        rcode = resume.resume_code(cache.code, desc[1], desc[2], desc[3])
+        return rcode if kind == "resume_code" else caller.resume_cache(rcode)
 
 
 def _size_facts(gm):
@@ -195,7 +243,9 @@ class _Stored:
         if not self.check(F, L):
             return None
         form = self.form
-        consts = {name: portable.rebuild(desc) for name, desc in form["glue_consts"].items() if desc != ["graph"]}
+        caller = cache.caller()
+        consts = {name: _GlueObjects.rebuild(desc, cache, caller)
+                  for name, desc in form["glue_consts"].items() if desc != ["graph"]}
         graph_names = [name for name, desc in form["glue_consts"].items() if desc == ["graph"]]
         gm = None
         if form["graph"] is not None:

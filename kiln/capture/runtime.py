@@ -63,6 +63,10 @@ class CodeCache:
     def code(self):
         return self._code()
 
+    def caller(self):
+        """What this frame's glue calls at a graph break (runtime.Caller)."""
+        return Caller(self.backend, self.dynamic)
+
     def __call__(self, F, L):
         """Run a frame whose bound arguments are already the tuple L (resume functions)."""
         for e in self.entries:
@@ -113,7 +117,7 @@ class CodeCache:
                     try:
                         capture_cache.stats.captures += 1
                         entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamism,
-                                              Caller(self.backend, self.dynamic))
+                                              self.caller())
                     finally:
                         torch_caches.release_finished_compiles()
                     sources.tie_to(entry)

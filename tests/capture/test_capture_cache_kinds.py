@@ -1,6 +1,6 @@
 """The capture cache for each kind of graph beyond static inference: symbolic sizes (automatic dynamic:
-static at the first size, symbolic at the second), training (forward and backward), and symbolic
-training. One program runs them all; a second fresh process with the same cache must run no capture
+static at the first size, symbolic at the second), a graph break (the frame and its resume functions),
+training (forward and backward), and symbolic training. One program runs them all; a second fresh process with the same cache must run no capture
 and no compile for any of them (counted: kiln's counters and what it imported), a third whose global,
 closure, default argument and inlined helper's source all changed must capture every frame again,
 and one whose cache files are all damaged must compile everything again. Each run checks every result,
@@ -52,6 +52,19 @@ with torch.no_grad():
         x = torch.randn(rows, 8)
         same(compiled_dyn(x), dyn(x))
 
+def broken(x):  # a graph break: the glue resumes in one of two resume functions, each a frame of its own
+    a = helper(x) * SCALE
+    if a.sum() > 0:
+        b = a + {bias}
+    else:
+        b = a - {bias}
+    return b.cos()
+
+compiled_broken = kiln.compile(broken)
+with torch.no_grad():
+    for x in (torch.rand(4, 8), -torch.rand(4, 8)):
+        same(compiled_broken(x), broken(x))
+
 def train_steps(dynamic, batches):
     net = Net()
     reference = copy.deepcopy(net)
@@ -76,8 +89,9 @@ print("{mark}" + json.dumps({{
 '''
 
 _BASE = dict(scale="2.0", default="3", helper_body="x * k + 1", bias="0.25")
-# frames: dyn at 3 rows (static), dyn symbolic, Net.forward for static training, Net.forward symbolic training
-_FRAMES = 4
+# frames (one graph each): dyn at 3 rows (static), dyn symbolic, broken and its two resume functions,
+# Net.forward for static training, Net.forward symbolic training
+_FRAMES = 7
 
 
 def _run(folder, **changes):
@@ -107,7 +121,7 @@ def _copy_of(cold, tmp_path):
 def test_cold_process_stores_every_kind(cold):
     counts = cold[1]
     assert counts["captures"] == _FRAMES and counts["stores"] == _FRAMES and counts["unportable"] == 0, counts
-    assert counts["graph_stores"] == _FRAMES, counts  # two inference graphs, two training graphs
+    assert counts["graph_stores"] == _FRAMES, counts  # five inference graphs, two training graphs
 
 
 def test_warm_process_captures_and_compiles_nothing(cold, tmp_path):
