@@ -10,6 +10,7 @@ import torch
 
 from kiln.compiler import compile_fx, graph_cache
 from kiln.compiler.training_runtime import TrainingRun
+from tests.compiler.test_graph_cache import cache  # noqa: F401 (the fixture: a fresh cache, fresh counters)
 
 
 class Block(torch.nn.Module):
@@ -26,14 +27,6 @@ class Block(torch.nn.Module):
     def forward(self, x):
         y = torch.nn.functional.batch_norm(x @ self.weight.t(), self.mean, self.var, self.w, None, training=True)
         return torch.tanh(y), y.sum(1)
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    path = tmp_path / "cache"
-    monkeypatch.setenv("KILN_CACHE_DIR", str(path))
-    monkeypatch.setattr(graph_cache, "stats", graph_cache.GraphCacheStats())
-    return path
 
 
 def step_and_check(model, x, *, backward=True):
