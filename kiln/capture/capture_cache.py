@@ -120,7 +120,7 @@ class _GlueObjects:
         spot = self._resume_spot(value)
         if spot is not None:
             return ["resume_code", *spot]
-        rcode = getattr(value, "code", None)  # a runtime.CodeCache: a resume function's
+        rcode = self.caller.cached_code(value)  # a resume function's cache
         spot = self._resume_spot(rcode)
         if spot is not None and self.caller.resume_cache(rcode) is value:
             return ["resume_cache", *spot]

@@ -337,6 +337,11 @@ class Caller:
         """The cache a resume function's code runs through (compiled on a miss, as a frame of its own)."""
         return _cache_for(rcode, self._key, self.backend)
 
+    @staticmethod
+    def cached_code(value):
+        """The code object of `value` when it is a frame's cache (a CodeCache), else None."""
+        return value.code if isinstance(value, CodeCache) else None
+
 
 def _binder_for(fn):
     binder = fn.__dict__.get("__kiln_binder__")
