@@ -145,3 +145,15 @@ def test_damaged_files_are_compiled_again(cold, tmp_path):
     damaged = _run(folder)
     assert damaged["captures"] == _FRAMES and damaged["loads"] == 0, damaged
     assert damaged["graph_hits"] == 0 and damaged["graph_misses"] == _FRAMES, damaged
+
+
+def test_a_symbolic_frame_whose_compiled_graph_is_gone_is_captured_again(cold, tmp_path):
+    """A symbolic graph rebuilt from disk has no fake values: compiling it would specialize it to the
+    call's sizes, so without its compiled form in the cache the frame is captured again (the program
+    checks the later sizes against eager); static frames load and compile their graphs."""
+    folder = _copy_of(cold, tmp_path)
+    for top in ("graphs", "training"):
+        shutil.rmtree(folder / "cache" / top)
+    counts = _run(folder)
+    assert counts["captures"] == 2 and counts["stale"] == 2, counts  # dyn and the symbolic training step
+    assert counts["loads"] == _FRAMES - 2 and counts["graph_hits"] == 0, counts
