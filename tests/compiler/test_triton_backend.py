@@ -228,10 +228,27 @@ def test_scatters_write_in_eager_order_and_check_positions(interpreter):
         kiln.compile(lambda x, i: x.scatter_add(1, i, x[:, :2]), options=TRITON)(x, torch.tensor([[0, 9]] * 5))
 
 
-def test_what_triton_cannot_emit_runs_through_aten(interpreter):
-    # a float floor division has no Triton kernel yet: the graph runs through aten, with eager's answer
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_float_floor_division_and_remainder_as_eager(interpreter, dtype):
+    # signed zeros, a zero divisor (inf, NaN), infinities, quotients that round near an integer
+    a = torch.tensor([7.5, -7.5, 7.5, -7.5, 0.0, -0.0, 1.0, -1.0, 0.0, float("inf"), 3.0, 1e30, -1e-30,
+                      0.3, -0.3, 5.0, float("nan"), 2.0])
+    b = torch.tensor([2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 0.0, 0.0, 2.0, float("inf"), 3.0, 7.0,
+                      0.1, 0.1, -float("inf"), 1.0, -0.0])
+    a, b = a.to(dtype).repeat(3), b.to(dtype).repeat(3)
+    fn = lambda a, b: (a // b, a % b, torch.remainder(a * 3, 0.7), (a + 1) // 0.7)  # noqa: E731
+    got = run_triton(fn, a, b)
+    expected = fn(a, b)
+    for g, e in zip(got, expected):  # the signs of zeros too
+        assert torch.equal(torch.signbit(g[g == 0]), torch.signbit(e[e == 0]))
+
+
+def test_what_triton_cannot_emit_runs_through_aten(interpreter, monkeypatch):
+    # an op the Triton printer refuses sends its graph through aten, with eager's answer
+    from kiln.compiler.codegen import triton_exprs
+    monkeypatch.delitem(triton_exprs.CORE_UNARY, "sin")
     x = torch.randn(5, 9)
-    fn = lambda x: (x * 3) // 0.7  # noqa: E731
+    fn = lambda x: (x * 3).sin()  # noqa: E731
     compiled = compile_fx(torch.fx.symbolic_trace(fn), [x], compiler_options(options=TRITON))
     torch.testing.assert_close(compiled(x), fn(x))
     assert "<whole graph>" in compiled.kiln_fallbacks

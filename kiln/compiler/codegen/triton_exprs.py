@@ -56,6 +56,10 @@ CORE_UNARY = {"exp": "tl.exp", "log": "tl.log", "sin": "tl.sin", "cos": "tl.cos"
 LIBM_UNARY = ("tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "log10", "log1p",
               "expm1", "erfc", "lgamma", "trunc")
 LIBM_BINARY = ("atan2", "pow")
+# float division ops as eager computes them (ATen's div_floor_floating and remainder); the lowerings
+# write a float trunc division as trunc(a / b)
+FLOAT_DIVISIONS = {"floordiv": "kiln_floordiv_float({0}, {1})", "remainder": "kiln_remainder_float({0}, {1})",
+                   "fmod": "libm.fmod({0}, {1})"}
 BLOCK_SHAPES = {"xmask": "[XBLOCK, 1]", "mask": "[XBLOCK, RBLOCK]"}  # the points each mask covers
 BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
               "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -157,10 +161,10 @@ def op_code(e, args):
         "floordiv": "kiln_floordiv({0}, {1})", "remainder": "kiln_remainder({0}, {1})",
         "truncdiv": "kiln_truncdiv({0}, {1})", "fmod": "kiln_truncmod({0}, {1})",
     }
-    if op in ("floordiv", "remainder", "truncdiv", "fmod") and is_float:
-        if op == "fmod":
-            return f"libm.fmod({a}, {args[1]})"
-        raise BackendUnsupported(f"float {op} in Triton")
+    if op in FLOAT_DIVISIONS and is_float:
+        return FLOAT_DIVISIONS[op].format(*args)
+    if op == "truncdiv" and is_float:
+        raise BackendUnsupported("float truncdiv in Triton (never lowered: trunc(a / b))")
     if op in ("rsqrt", "reciprocal") and dtype == torch.float64:
         return simple[op].replace("1.0", "tl.full([], 1.0, tl.float64)").format(a)
     if op in simple:
@@ -205,6 +209,26 @@ def kiln_truncdiv(a, b):
 @triton.jit
 def kiln_truncmod(a, b):
     return a - kiln_truncdiv(a, b) * b
+
+
+@triton.jit
+def kiln_floordiv_float(a, b):
+    # eager's: the quotient of a - fmod(a, b), floored and rounded to the nearest integer; a signed 0
+    # where it is 0 (the sign of a / b), and a / b (inf, NaN) where b is 0
+    mod = libm.fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = tl.floor(div)
+    floor = tl.where(div - floor > 0.5, floor + 1, floor)
+    quotient = a / b
+    floor = tl.where(div == 0, quotient * 0.0, floor)
+    return tl.where(b == 0, quotient, floor)
+
+
+@triton.jit
+def kiln_remainder_float(a, b):
+    mod = libm.fmod(a, b)
+    return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
 @triton.jit
