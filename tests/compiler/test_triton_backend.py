@@ -7,6 +7,7 @@ no backend runs through aten. The Triton backend runs here under Triton's interp
 the oracle, and each test checks the graph really ran as Triton kernels (no whole-graph fallback).
 """
 import contextlib
+import json
 
 import pytest
 import torch
@@ -208,6 +209,15 @@ def test_symbolic_sizes_are_kernel_arguments(interpreter):
             torch.testing.assert_close(compiled(x), fn(x))
 
 
+def test_reductions_over_empty_rows_read_no_memory(interpreter):
+    # a row of no elements reads nothing, not even a value it would broadcast over the row (the
+    # interpreter loads real addresses: reading past an empty buffer crashed it)
+    e, x = torch.empty(4, 0), torch.randn(4, 3)
+    fn = lambda e, x: ((e * 2).sum(), e.sum(1), e.prod(1), (e > 0).any(1),  # noqa: E731
+                       torch.cumsum(e.reshape(0), 0).sum(), x + e.sum(1, keepdim=True))
+    run_triton(fn, e, x)
+
+
 def test_scans_walk_in_order_as_eager(interpreter):
     x = torch.randn(5, 9, 4)
     x[1, 3, 2] = float("nan")
@@ -286,3 +296,65 @@ def test_device_backend_from_the_environment(monkeypatch):
         monkeypatch.setenv("KILN_DEVICE_BACKEND", wrong)
         with pytest.raises(kiln.InvalidArgument):
             compiler_options()
+
+
+# ---- max_autotune: block configs benchmarked, the fastest kept on disk ------------------------
+
+def test_autotune_candidates_keep_what_the_kernel_source_assumes():
+    from kiln.compiler.codegen.triton_autotune import Config, candidates
+    persistent = candidates(Config(4, 256, 4), "persistent")
+    assert persistent[0] == Config(4, 256, 4) and len(persistent) > 3
+    assert {c.rblock for c in persistent} == {256}  # a persistent row is one block
+    looped = candidates(Config(8, 512, 8), "looped")
+    assert len({c.rblock for c in looped}) > 2 and all(c.xblock * c.rblock <= 8192 for c in looped)
+    small = candidates(Config(8, 1, 1), "pointwise", numel=5)
+    assert all(c.xblock <= 8 for c in small[1:]) and all(c.num_warps * 32 <= max(32, c.xblock) for c in small[1:])
+
+
+class FakeTimer:
+    """Times a config by a made-up cost (the fewest elements per block wins), running each launch
+    once (so a launch that broke its arguments would show); counts what it timed."""
+
+    def __init__(self):
+        self.timed = []
+
+    def __call__(self, launch, config):
+        launch()
+        self.timed.append(config)
+        return config.xblock * config.rblock + config.num_warps / 16
+
+
+def test_max_autotune_picks_the_fastest_config_and_keeps_it_on_disk(interpreter, monkeypatch, tmp_path):
+    from kiln.compiler.codegen import triton_autotune
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    timer = FakeTimer()
+    monkeypatch.setattr(triton_autotune, "timer", timer)
+    for name, values in (("LOOPED_RBLOCKS", (64, 1024)), ("POINTWISE_XBLOCKS", (128,)), ("WARPS", (4,))):
+        monkeypatch.setattr(triton_autotune, name, values)  # few candidates: the interpreter is slow
+
+    def fn(x, y):
+        y.add_(1)  # a mutated input: benchmarks run on copies, so it is added to once
+        return (x * 2).softmax(-1), x.sum(-1), (x + y).cos()
+    x, y = torch.randn(3, 1500), torch.randn(3, 1500)  # rows longer than one block: a looped reduction
+    options = dict(TRITON, max_autotune=True)
+
+    def run():
+        kiln.reset()
+        y_eager, y_kiln = y.clone(), y.clone()
+        expected = fn(x, y_eager)
+        with no_whole_graph_fallback():
+            got = kiln.compile(fn, options=options)(x, y_kiln)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(y_kiln, y_eager)
+    run()
+    assert {c.rblock for c in timer.timed} >= {64, 512, 1024}  # the heuristic's and the candidates' RBLOCKs
+    files = list((tmp_path / "autotune").iterdir())
+    chosen = {triton_autotune.Config(**json.loads(f.read_text())["config"]) for f in files}
+    assert triton_autotune.Config(2, 64, 4) in chosen  # the looped rows' cheapest (by the fake's costs)
+    timer.timed.clear()
+    run()  # a new compile finds every choice on disk
+    assert timer.timed == []
+    for f in files:
+        f.write_text("{damaged")
+    run()  # a damaged entry is benchmarked again, never trusted
+    assert timer.timed

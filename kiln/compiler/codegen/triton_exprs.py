@@ -76,6 +76,7 @@ class TritonPrinter(LoopExprPrinter):
         self.locals = locals_      # buffer name -> variable holding its value at this point
         self.mapping = {}          # node loop var -> kernel loop expression
         self.memo, self.cse = {}, {}
+        self.narrow = True         # a load that does not move with the reduction loads over [XBLOCK, 1]
 
     def temp(self, key, code):
         if key not in self.cse:
@@ -89,10 +90,11 @@ class TritonPrinter(LoopExprPrinter):
 
     def pointer(self, name, index, extra=None):
         """(pointer block, mask) for element `index` of buffer `name`: over [XBLOCK, 1] (with xmask)
-        when the index does not move with the reduction variables, else over the code's points."""
+        when the index does not move with the reduction variables (and `narrow`: rows are not
+        empty, so some point of the row reads it), else over the code's points."""
         e = self.mapped(index, extra)
         names = {s.name[0] for s in e.free_symbols}
-        mask = self.mask if (names - {"x", "s"}) else "xmask"
+        mask = self.mask if (names - {"x", "s"}) or not self.narrow else "xmask"
         return f"{name} + ({tindex(e)} + tl.zeros({BLOCK_SHAPES[mask]}, tl.int32))", mask
 
     def _print(self, e):

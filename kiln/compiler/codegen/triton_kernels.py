@@ -83,6 +83,7 @@ class Launch:
     xblock: int
     rblock: int
     num_warps: int
+    kind: str = "pointwise"  # or "persistent", "looped": which blocks it may take (codegen/triton_autotune)
 
 
 @dataclasses.dataclass
@@ -157,7 +158,8 @@ class TritonKernelWriter:
                     self.finish(node, printer.expr(node.body), printer, "xmask")
             else:
                 self.write_reduction_stage(s, stage, inner, body)
-        return self.finish_kernel({k.name: body}, [Launch(k.name, k.numel, k.rnumel, xblock, rblock, warps)])
+        kind = "pointwise" if not self.reduces else "persistent" if self.persistent else "looped"
+        return self.finish_kernel({k.name: body}, [Launch(k.name, k.numel, k.rnumel, xblock, rblock, warps, kind)])
 
     def block_start(self, sizes, names=None):
         """The first lines of a function: this program's XBLOCK points of `sizes` and their loop variables."""
@@ -289,6 +291,7 @@ class TritonKernelWriter:
         loop += [pad * (loop_indent - 1) + line for line in self.split_index("rindex", "r", inner)]
         loop.append(f"{ipad}mask = xmask & rmask")
         printer = self.printer(loop, loop_indent, f"t{s}_", "mask")
+        printer.narrow = not (self.persistent and int(self.kernel.rnumel) == 0)  # empty rows read nothing
         for node in stage:
             printer.mapping = self.maps[node.name]
             value = printer.expr(node.body)
