@@ -209,6 +209,30 @@ def test_symbolic_sizes_are_kernel_arguments(interpreter):
             torch.testing.assert_close(compiled(x), fn(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_variance_and_norms_read_a_long_row_once(interpreter, dtype):
+    # rows past one block: mean and variance in one loop over the row (Welford's update, lanes
+    # combined at the end), then one loop to normalize; far from 0 the naive sum of squares would
+    # cancel; short rows (in registers), a correction and odd lengths too
+    long, short = (torch.randn(3, 2500) * 3 + 1000).to(dtype), torch.randn(5, 77).to(dtype)
+    norm = torch.nn.LayerNorm(2500, dtype=dtype)
+
+    def fn(long, short):
+        return (norm(long), torch.var_mean(long, -1, correction=0), long.std(-1), torch.var(short, -1),
+                torch.nn.functional.layer_norm(short, (77,)), long.float().var(0))
+    # (float32 at 1000 +- 3: eager's own error against float64 is 1.4e-5, and C++ kiln's 5e-5)
+    tolerance = {torch.bfloat16: dict(atol=5e-2, rtol=5e-2), torch.float32: dict(atol=1e-4, rtol=1e-4)}.get(dtype, {})
+    run_triton(fn, long, short, **tolerance)
+    source = triton_source(lambda x: torch.nn.functional.layer_norm(x, (2500,)), long).kiln_source
+    assert "kiln_welford_combine" in source and source.count("for roffset") == 2
+
+
+def test_float64_square_roots(interpreter):
+    # Triton's correctly rounded sqrt_rn is float32's only: float64 takes sqrt (exact on GPUs too)
+    x = torch.rand(64, dtype=torch.float64) + 0.5
+    run_triton(lambda x: (x.sqrt(), x.rsqrt() * 3, 1 / x), x)
+
+
 def test_reductions_over_empty_rows_read_no_memory(interpreter):
     # a row of no elements reads nothing, not even a value it would broadcast over the row (the
     # interpreter loads real addresses: reading past an empty buffer crashed it)

@@ -146,6 +146,8 @@ def op_code(e, args):
     if op in ("maximum", "minimum"):
         nan = ", propagate_nan=tl.PropagateNan.ALL" if is_float else ""
         return f"tl.{op}({a}, {args[1]}{nan})"
+    if op in ("sqrt", "rsqrt") and dtype == torch.float64:  # sqrt_rn is float32's; float64's sqrt is exact
+        return f"tl.sqrt({a})" if op == "sqrt" else f"(tl.full([], 1.0, tl.float64) / tl.sqrt({a}))"
     if op in CORE_UNARY and is_float:
         return f"{CORE_UNARY[op]}({a})"
     if op == "abs":
@@ -167,8 +169,8 @@ def op_code(e, args):
         return FLOAT_DIVISIONS[op].format(*args)
     if op == "truncdiv" and is_float:
         raise BackendUnsupported("float truncdiv in Triton (never lowered: trunc(a / b))")
-    if op in ("rsqrt", "reciprocal") and dtype == torch.float64:
-        return simple[op].replace("1.0", "tl.full([], 1.0, tl.float64)").format(a)
+    if op == "reciprocal" and dtype == torch.float64:
+        return f"(tl.full([], 1.0, tl.float64) / {a})"
     if op in simple:
         return simple[op].format(*args, t=tl_type(dtype))
     if op == "cast":
@@ -278,6 +280,23 @@ def kiln_window_argmax_combine(av, ai, bv, bi):
 
 
 @triton.jit
+def kiln_welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    # two partial (mean, sum of squared deviations, count) of one row as one (Chan et al.)
+    n = n_a + n_b
+    w = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
+    delta = mean_b - mean_a
+    return mean_a + delta * w, m2_a + m2_b + delta * delta * n_a * w, n
+
+
+@triton.jit
+def kiln_row_m2(v, mask, n):
+    # a whole row in registers (0 where masked): the sum of squared deviations from its mean
+    mean = tl.sum(v, 1)[:, None] / n
+    d = tl.where(mask, v - mean, 0.0)
+    return tl.sum(d * d, 1)
+
+
+@triton.jit
 def kiln_mul(a, b):
     return a * b
 '''
@@ -290,6 +309,9 @@ REDUCTIONS = {
     "min": ('float("inf")', None, "kiln_min_nan({acc}, {v})", "tl.reduce({acc}, 1, kiln_min_nan)"),
     "any": ("0", "0", "({acc} | {v})", "(tl.max({acc}.to(tl.int8), 1) != 0)"),
     "all": ("1", "1", "({acc} & {v})", "(tl.min({acc}.to(tl.int8), 1) != 0)"),
+    # (looped rows: triton_kernels.WELFORD_STEP and kiln_welford_combine; a persistent row's values
+    # are all in registers: its mean, then the squared deviations from it)
+    "welford_m2": ("0", "0", None, "kiln_row_m2({acc}, mask, rnumel)"),
 }
 
 

@@ -54,6 +54,16 @@ SCAN_UPDATES = {
 }
 
 
+# welford_m2 over a looped row: each lane's running (mean `acc`, squared deviations `acc_m2`, count
+# `acc_n`) takes in value `v` where `mask` holds (Welford's update); the lanes are combined at the end
+WELFORD_STEP = ["{acc}_v = {masked}",
+                "{acc}_n1 = {acc}_n + mask.to({t})",
+                "{acc}_d = {acc}_v - {acc}",
+                "{acc} = tl.where(mask, {acc} + {acc}_d / tl.maximum({acc}_n1, 1.0), {acc})",
+                "{acc}_m2 = tl.where(mask, {acc}_m2 + {acc}_d * ({acc}_v - {acc}), {acc}_m2)",
+                "{acc}_n = {acc}_n1"]
+
+
 # arg reductions: the position a lane holds when it holds none, and the (value, position) combine
 # (codegen/triton_exprs.PRELUDE) that keeps eager's choice whatever order the lanes meet in
 ARG_NONE = {"argmax": 2**62, "argmin": 2**62, "window_argmax": -1}
@@ -278,6 +288,9 @@ class TritonKernelWriter:
                 if n.reduction_type in ir.ARG_REDUCTIONS:
                     body.append(f"{pad}acc_{n.name}_i = tl.full([XBLOCK, RBLOCK], {ARG_NONE[n.reduction_type]}, "
                                 "tl.int64)")
+                if n.reduction_type == "welford_m2":
+                    body += [f"{pad}acc_{n.name}_{part} = tl.full([XBLOCK, RBLOCK], 0, {TL_TYPES[dtype]})"
+                             for part in ("m2", "n")]
         loop = []
         if self.persistent:
             loop_indent = 1
@@ -304,6 +317,8 @@ class TritonKernelWriter:
                       f"tl.full([], {init}, {TL_TYPES[dtype]}))")
             if node.reduction_type in ir.ARG_REDUCTIONS:
                 loop += [ipad + line for line in self.arg_step(node.reduction_type, acc, masked)]
+            elif node.reduction_type == "welford_m2" and not self.persistent:
+                loop += [ipad + line.format(acc=acc, masked=masked, t=TL_TYPES[dtype]) for line in WELFORD_STEP]
             elif self.persistent:
                 loop.append(f"{ipad}{acc} = {masked}")
             else:
@@ -320,6 +335,9 @@ class TritonKernelWriter:
             if node.reduction_type in ir.ARG_REDUCTIONS:
                 combine = ARG_COMBINES[node.reduction_type]
                 body.append(f"{pad}_, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, {combine})")
+                reduced = f"{acc}_r"
+            elif node.reduction_type == "welford_m2" and not self.persistent:
+                body.append(f"{pad}_, {acc}_r, _ = tl.reduce(({acc}, {acc}_m2, {acc}_n), 1, kiln_welford_combine)")
                 reduced = f"{acc}_r"
             else:
                 reduced = self.final(node.reduction_type, dtype).format(acc=acc)
