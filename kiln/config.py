@@ -155,7 +155,7 @@ COMPILER_OPTIONS = {
                                  "{'cpu': 'cpp', 'cuda': 'triton'}; {'cpu': 'triton'} sends CPU graphs through Triton "
                                  "(its interpreter, TRITON_INTERPRET=1: tests); a device without a backend runs through "
                                  "aten. Default from KILN_DEVICE_BACKEND=cpu:triton", dict, choices=("cpp", "triton")),
-    "triton.cudagraphs": Option(False, "replay CUDA inference graphs as CUDA graphs (mode='reduce-overhead'; no "
+    "triton.cudagraphs": Option(False, "replay compiled CUDA graphs (inference; training forward and backward) as CUDA graphs (mode='reduce-overhead'; no "
                                        "effect on CPU graphs)"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
     "trace.graph_diagram": Option(False, "with trace.enabled: draw the fx graph and the fused schedule as SVG in "
