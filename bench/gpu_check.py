@@ -76,7 +76,7 @@ def check_dynamic():
         compare(compiled(x), fn(x), torch.float32)
 
 
-def check_training():
+def check_training(mode=None):
     from bench.gpu_workloads import GPT2Block
     torch.manual_seed(0)
     eager_model = GPT2Block(256, 4).to(DEVICE)
@@ -89,9 +89,11 @@ def check_training():
         loss.backward()
         return loss
     kiln.reset()
-    compare(kiln.compile(step)(kiln_model), step(eager_model), torch.float32)
-    for a, b in zip(kiln_model.parameters(), eager_model.parameters()):
-        compare(a.grad, b.grad, torch.float32)
+    compiled = kiln.compile(step, mode=mode)
+    for _ in range(3):  # reduce-overhead: warm-up, record, replay
+        compare(compiled(kiln_model), step(eager_model), torch.float32)
+        for a, b in zip(kiln_model.parameters(), eager_model.parameters()):
+            compare(a.grad, b.grad, torch.float32)
 
 
 def check_mixed_devices():
@@ -108,6 +110,7 @@ def cases(names):
             yield f"{name}[{str(dtype)[6:]}]", lambda name=name, dtype=dtype: check_program(name, dtype)
     yield "dynamic_sizes", check_dynamic
     yield "training_step", check_training
+    yield "training_step_cudagraphs", lambda: check_training("reduce-overhead")
     yield "mixed_devices", check_mixed_devices
 
 
