@@ -270,7 +270,8 @@ def test_float_floor_division_and_remainder_as_eager(interpreter, dtype):
     b = torch.tensor([2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 0.0, 0.0, 2.0, float("inf"), 3.0, 7.0,
                       0.1, 0.1, -float("inf"), 1.0, -0.0])
     a, b = a.to(dtype).repeat(3), b.to(dtype).repeat(3)
-    fn = lambda a, b: (a // b, a % b, torch.remainder(a * 3, 0.7), (a + 1) // 0.7)  # noqa: E731
+    fn = lambda a, b: (a // b, a % b, torch.remainder(a * 3, 0.7), (a + 1) // 0.7, 2.5 // b,  # noqa: E731
+                       torch.fmod(torch.tensor(5.0, dtype=a.dtype), b))
     got = run_triton(fn, a, b)
     expected = fn(a, b)
     for g, e in zip(got, expected):  # the signs of zeros too
