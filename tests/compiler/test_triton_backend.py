@@ -199,6 +199,13 @@ def test_integer_division_and_remainder_floor_like_eager(interpreter):
     run_triton(lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")), a, b)
 
 
+def test_integer_powers_by_squaring_wrap_as_eager(interpreter):
+    a = torch.arange(-6, 7)
+    fn = lambda a: (a ** 0, a ** 1, a ** 3, (a + 2) ** 7, a.to(torch.int32) ** 5, a.to(torch.uint8) ** 3,  # noqa: E731
+                    (a * 1000) ** 9)
+    run_triton(fn, a)
+
+
 def test_symbolic_sizes_are_kernel_arguments(interpreter):
     fn = lambda x: torch.softmax(x * 2, -1).sum(0)  # noqa: E731
     kiln.reset()

@@ -164,6 +164,7 @@ def op_code(e, args):
         "sign": "(({0} > 0).to({t}) - ({0} < 0).to({t}))", "bitwise_not": "(~{0})",
         "floordiv": "kiln_floordiv({0}, {1})", "remainder": "kiln_remainder({0}, {1})",
         "truncdiv": "kiln_truncdiv({0}, {1})", "fmod": "kiln_truncmod({0}, {1})",
+        "ipow": "kiln_ipow({0}, {1})",
     }
     if op in FLOAT_DIVISIONS and is_float:
         return FLOAT_DIVISIONS[op].format(*args)
@@ -233,6 +234,17 @@ def kiln_floordiv_float(a, b):
 def kiln_remainder_float(a, b):
     mod = libm.fmod(a, b)
     return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
+@triton.jit
+def kiln_ipow(base, exp):
+    # an integer base ** a constant exponent >= 0 (lowerings.pow_), by squaring; wraps as eager's
+    result = base * 0 + 1
+    while exp > 0:
+        result = tl.where((exp & 1) != 0, result * base, result)
+        base = base * base
+        exp = exp >> 1
+    return result
 
 
 @triton.jit
