@@ -285,6 +285,17 @@ def test_float_floor_division_and_remainder_as_eager(interpreter, dtype):
         assert torch.equal(torch.signbit(g[g == 0]), torch.signbit(e[e == 0]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_scatters_round_each_step_as_eager(interpreter, dtype):
+    # many adds into one element: each sum rounded to the half dtype, in eager's order
+    x, i = torch.randn(4, 6).to(dtype), torch.tensor([[0, 2, 2, 2, 2, 1, 2, 2]])
+    src = (torch.randn(4, 8) * 100).to(dtype)
+    fn = lambda x, i, s: (x.scatter_add(1, i.expand(4, 8), s), x.scatter(1, i[:, :3].expand(4, 3), s[:, :3] / 3),  # noqa: E731
+                          x.scatter_reduce(1, i.expand(4, 8), s, "amax", include_self=False),
+                          x.index_put((torch.tensor([3, 0, 3]),), s[:3, :6], accumulate=True))
+    run_triton(fn, x, i, src, atol=0, rtol=0)
+
+
 def test_what_triton_cannot_emit_runs_through_aten(interpreter, monkeypatch):
     # an op the Triton printer refuses sends its graph through aten, with eager's answer
     from kiln.compiler.codegen import triton_exprs

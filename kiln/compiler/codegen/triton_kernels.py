@@ -202,8 +202,6 @@ class TritonKernelWriter:
         inside it, so two points that hit one element (they differ in serial dims only) are one
         lane's, in eager's order. A position out of range writes nothing and is reported."""
         plan = node.sequential
-        if node.layout.dtype in ir.HALF_DTYPES:
-            raise BackendUnsupported("a scatter into a half dtype")
         init = self.block_start(node.sizes)
         printer = self.printer(init, 1, "t", "xmask")
         self.finish(node, printer.expr(node.body), printer, "xmask")
@@ -243,11 +241,15 @@ class TritonKernelWriter:
         if identity:
             value = f"tl.full([XBLOCK, 1], {reduction_identity(plan.mode, node.layout.dtype)}, {dtype})"
         else:
-            value = f"tl.broadcast_to({printer.expr(plan.value)}, [XBLOCK, 1]).to({dtype})"
+            # a half dtype combines in float32, rounded at each step as eager's half arithmetic is
+            compute = tl_type(node.layout.dtype)
+            value = f"tl.broadcast_to({printer.expr(plan.value)}, [XBLOCK, 1]).to({compute})"
             if plan.mode is not None:
-                old = printer.temp(("old",), f"tl.load({target}, {ok}, other=0)")
+                old = printer.temp(("old",), f"tl.load({target}, {ok}, other=0).to({compute})")
                 value = self.combine(plan.mode, node.layout.dtype).format(acc=old, v=value)
-        body.append(f"        tl.store({target}, {value}, {ok})")
+            if node.layout.dtype in ir.HALF_DTYPES:
+                value = round_to_half(value, node.layout.dtype)
+        body.append(f"        tl.store({target}, ({value}).to({dtype}), {ok})")
 
     def needs_int64(self):
         """Whether an index may pass int32: symbolic sizes, or a buffer or loop that large."""
