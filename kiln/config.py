@@ -155,8 +155,8 @@ COMPILER_OPTIONS = {
                                  "{'cpu': 'cpp', 'cuda': 'triton'}; {'cpu': 'triton'} sends CPU graphs through Triton "
                                  "(its interpreter, TRITON_INTERPRET=1: tests); a device without a backend runs through "
                                  "aten. Default from KILN_DEVICE_BACKEND=cpu:triton", dict, choices=("cpp", "triton")),
-    "triton.cudagraphs": Option(False, "replay compiled CUDA graphs (inference; training forward and backward) as CUDA graphs (mode='reduce-overhead'; no "
-                                       "effect on CPU graphs)"),
+    "triton.cudagraphs": Option(False, "replay compiled CUDA graphs (inference; training forward and backward) as "
+                                       "CUDA graphs (mode='reduce-overhead'; no effect on CPU graphs)"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
     "trace.graph_diagram": Option(False, "with trace.enabled: draw the fx graph and the fused schedule as SVG in "
                                           "the debug folder (needs graphviz)"),
@@ -174,8 +174,8 @@ COMPILER_OPTIONS = {
 # compiles on CPU; each compile that sets one says so in one perf_hints line, with the reason.
 INERT_OPTIONS = {
     "max_autotune": "C++ kernels have one variant per fused group (it tunes Triton kernels' blocks) and "
-                    "kiln calls aten's own CPU matmul and convolution choices (MKL/oneDNN pick their kernels per shape at run time), so there "
-                    "is nothing yet to benchmark against",
+                    "kiln calls aten's own CPU matmul and convolution choices (MKL/oneDNN pick their "
+                    "kernels per shape at run time), so there is nothing yet to benchmark against",
     "coordinate_descent_tuning": "it tunes GPU launch parameters (block sizes, warps); CPU kernels have "
                                  "none: gcc vectorizes each loop at the machine's width",
     "shape_padding": "MKL's CPU matmul gains nothing measurable from padded sizes at the shapes kiln "
