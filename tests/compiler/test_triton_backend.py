@@ -199,6 +199,14 @@ def test_integer_division_and_remainder_floor_like_eager(interpreter):
     run_triton(lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")), a, b)
 
 
+def test_negation_keeps_the_sign_of_zero(interpreter):
+    x = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), float("nan")])
+    got = run_triton(lambda x: (-x, torch.neg(x * 2), -x.double()), x)
+    real = ~x.isnan()  # (a NaN's sign bit means nothing)
+    for g in (got[0], got[2]):
+        assert torch.equal(g[real].signbit(), (-x)[real].signbit())
+
+
 def test_integer_powers_by_squaring_wrap_as_eager(interpreter):
     a = torch.arange(-6, 7)
     fn = lambda a: (a ** 0, a ** 1, a ** 3, (a + 2) ** 7, a.to(torch.int32) ** 5, a.to(torch.uint8) ** 3,  # noqa: E731

@@ -152,6 +152,8 @@ def op_code(e, args):
         return f"{CORE_UNARY[op]}({a})"
     if op == "abs":
         return f"tl.where({a} < 0, -{a}, {a})"
+    if op == "neg" and is_float:  # Triton's unary minus is 0 - x: -(+0.0) would be +0.0, not eager's -0.0
+        return f"({a} * -1.0)"
     if op in LIBM_UNARY and is_float:
         return f"libm.{op}({a})"
     if op in LIBM_BINARY and is_float:
