@@ -142,7 +142,7 @@ def _compile_to_kernels(aten_gm, example_inputs, options, fx_gm, inference):
     debug.log_output_code(next((c.library_name for c in compiled if c.library_name), None), source, wrapper_source)
     report.graph_compiled(aten_gm=aten_gm, graph=graph, program=program, source=source,
                           wrapper_source=wrapper_source)
-    if options.get("triton.cudagraphs") and inference:  # mode="reduce-overhead"
+    if options.get("triton.cudagraphs"):  # mode="reduce-overhead" (training: forward and backward each)
         from kiln.compiler import cudagraphs
         fn = cudagraphs.wrap(fn, program, compiled, example_inputs)
     if options.get("trace.enabled"):
