@@ -7,13 +7,16 @@ become free variables, so the glue can hand over the very cells that closures ma
 break captured. One code object per (code, offset, layout), so its cache is shared by recompiles;
 they are kept while `code` lives.
 """
+import weakref
+
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture.identity_table import IdentityTable
-from kiln.capture.interpreter import instructions
+from kiln.capture.code_index import instructions
 
 _CACHE = IdentityTable()  # code -> {(offset, stack_nulls, live): resume code}
+_ORIGIN = IdentityTable()  # resume code -> (weak ref to the code, (offset, stack_nulls, live)) it was made from
 
 
 def live_locals(code, offset):
@@ -122,7 +125,18 @@ def resume_code(code, offset, stack_nulls, live):
     new.exception_table = None
     out = new.to_code()
     made[key] = out
+    _ORIGIN[out] = (weakref.ref(code), key)  # (weak: the resume code must not keep its original alive)
     return out
+
+
+def resume_spot(rcode, code):
+    """[offset, stack_nulls, live] when `rcode` is a resume function `resume_code` made from `code`
+    (the capture cache stores it so, and remakes it with resume_code); None otherwise."""
+    origin = _ORIGIN.get(rcode)
+    if origin is None or origin[0]() is not code:
+        return None
+    offset, stack_nulls, live = origin[1]
+    return [offset, list(stack_nulls), list(live)]
 
 
 def _location_of(bc, target_pos):
@@ -137,4 +151,5 @@ def _location_of(bc, target_pos):
 
 def reset():
     _CACHE.clear()
+    _ORIGIN.clear()
 
