@@ -85,21 +85,30 @@ def _eval_batch_norm(input, weight, bias, running_mean, running_var, eps):
 def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
     out = _eval_batch_norm(input, weight, bias, running_mean, running_var, eps)
     if out is None:
-        return NotImplemented
+        return decomposition_table[aten._batch_norm_no_update.default](
+            input, weight, bias, running_mean, running_var, momentum, eps)
     reserve = _batch_norm_reserve(input, weight, bias, running_mean, running_var, eps, training=False)
     return out, input.new_zeros((0,)), input.new_zeros((0,)), reserve
 
 
 def _batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     out = _eval_batch_norm(input, weight, bias, running_mean, running_var, eps)
-    return NotImplemented if out is None else (out, input.new_zeros((0,)), input.new_zeros((0,)))
+    if out is None:
+        return decomposition_table[aten._native_batch_norm_legit_no_training.default](
+            input, weight, bias, running_mean, running_var, momentum, eps)
+    return out, input.new_zeros((0,)), input.new_zeros((0,))
 
 
-def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    """native_batch_norm and _native_batch_norm_legit (same arguments); eval mode only."""
-    if training or running_mean is None or running_var is None:
-        return NotImplemented
-    return _batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps)
+def _native_batch_norm(op):
+    """native_batch_norm and _native_batch_norm_legit (same arguments): eval mode as
+    _eval_batch_norm, training as torch decomposes it."""
+    def decompose(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        out = None if training or running_mean is None or running_var is None else \
+            _eval_batch_norm(input, weight, bias, running_mean, running_var, eps)
+        if out is None:
+            return decomposition_table[op](input, weight, bias, running_mean, running_var, training, momentum, eps)
+        return out, input.new_zeros((0,)), input.new_zeros((0,))
+    return decompose
 
 
 _SQRT_HALF = 0.70710678118654752440
@@ -151,7 +160,8 @@ def _table(fallback_random):
     table[aten.gelu.default] = _gelu
     table[aten._batch_norm_no_update.default] = _batch_norm_no_update
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_legit_no_training
-    table[aten.native_batch_norm.default] = table[aten._native_batch_norm_legit.default] = _native_batch_norm
+    for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default):
+        table[op] = _native_batch_norm(op)
     table[aten.gelu_backward.default] = _gelu_backward
     whole = {getattr(p, o) for p in KEEP_WHOLE for o in p.overloads()}
     return {op: fn for op, fn in table.items()
