@@ -269,9 +269,10 @@ def _extern(src, call, buffers, kernel_read, views):
         if isinstance(a, (list, tuple)):
             return _sequence([arg(x) for x in a], isinstance(a, list))
         return src.literal(a)
-    args = [arg(a) for a in call.args] + [f"{k}={arg(v)}" for k, v in call.kwargs.items()]
-    target = src.constant(call.target, "aten_")
-    if isinstance(call.target, torch._ops.OpOverload) and hasattr(call.target, "_op"):
+    op, op_args = _as_linear(call, views) or (call.target, call.args)
+    args = [arg(a) for a in op_args] + [f"{k}={arg(v)}" for k, v in call.kwargs.items()]
+    target = src.constant(op, "aten_")
+    if isinstance(op, torch._ops.OpOverload) and hasattr(op, "_op"):
         target += "._op"  # the op's C++ callable: what OpOverload.__call__ calls, a Python frame less
     results = call.outputs
     if isinstance(results, str):
@@ -289,3 +290,22 @@ def _extern(src, call, buffers, kernel_read, views):
             strides = _ints(layout.strides)  # (checked here: a Python call less per extern)
             src.line(f"if {name}.stride() != {strides}: {name} = fix_layout({name}, {_ints(layout.sizes)}, {strides})")
             views.actual[name] = layout
+
+
+_MATMULS = {torch.ops.aten.addmm.default: 1, torch.ops.aten.mm.default: 0}  # op -> position of its first matrix
+
+
+def _as_linear(call, views):
+    """(aten.linear, its arguments) for addmm(b, x, w.t()) and mm(x, w.t()) where the call holds w as
+    the matrix whose transpose is read: for a 2-d x, linear makes that very addmm or mm call, with
+    w.t() taken in C++ instead of by the wrapper's as_strided (each nn.Linear of a model, each call).
+    None for any other extern."""
+    first = _MATMULS.get(call.target)
+    if first is None or call.kwargs or len(call.args) != first + 2:
+        return None
+    w = call.args[first + 1]
+    own = views.actual.get(w.name) if isinstance(w, ir.BufferArg) and w.layout is not None else None
+    if own is None or len(own.sizes) != 2 or w.layout.offset != 0 or \
+            (tuple(w.layout.sizes), tuple(w.layout.strides)) != (tuple(own.sizes)[::-1], tuple(own.strides)[::-1]):
+        return None
+    return torch.ops.aten.linear.default, (call.args[first], ir.BufferArg(w.name, None), *call.args[:first])

@@ -78,3 +78,20 @@ def test_dynamic_sizes_match_eager():
     for batch in (2, 3, 5):
         args = projection_args(batch)
         torch.testing.assert_close(compiled(*args), three_projections(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_layers_call_aten_linear_without_views():
+    """addmm(b, x, w.t()) / mm(x, w.t()) run as aten.linear(x, w, b), which makes that same call with w.t()
+    taken in C++ (wrapper._as_linear); a product with an untransposed operand stays as it is."""
+    def relu_projections(x, w1, w2, b):
+        y = torch.relu(x)  # exact, so the products are eager's bit for bit
+        return F.linear(y, w1, b), F.linear(y, w2)
+    args = projection_args()[:3] + projection_args()[4:]
+    c = check(relu_projections, *args)
+    assert not re.search(r"\barg\d+\.as_strided\(", c.kiln_wrapper), c.kiln_wrapper
+    assert all(torch.equal(got, want) for got, want in zip(c(*args), relu_projections(*args)))
+
+    def mixed(x, w, v):
+        y = torch.tanh(x)
+        return F.linear(y, w * 2), y @ v  # a computed weight, and a plain product
+    check(mixed, torch.randn(8, 16), torch.randn(4, 16), torch.randn(16, 4))
