@@ -324,7 +324,9 @@ class Glue:
         """Assemble `def __kiln_entry(F, L)`; `tail` are the final lines (return / break)."""
         lines = []
         if graph_fn is not None:
-            args = ", ".join(s.expr(self.ctx) for s in input_sources)
+            shared = _SharedBases(self.ctx, input_sources)
+            args = ", ".join(s.expr(shared) for s in input_sources)
+            lines += shared.lines
             lines.append(f"__o = {self.const(graph_fn, 'GRAPH')}({args})")
         lines += self.lines + tail
         uses_g = any("G[" in line for line in lines)
@@ -334,3 +336,32 @@ class Glue:
         exec(compile(src, "<kiln glue>", "exec"), ns)
         return ns["__kiln_entry"], src
 
+
+
+class _SharedBases:
+    """Renders the graph's input sources with each base that two or more of them read through bound
+    to a local first (a model's parameters share their module paths: `...._modules['0']._modules[
+    'attention']` is walked once, not once per weight). Reads as the guards read: once per call."""
+
+    def __init__(self, ctx, sources):
+        self.ctx, self.lines, self._names = ctx, [], {}
+        counts = collections.Counter(base.key() for s in sources for base in _bases(s))
+        self._shared = {key for key, n in counts.items() if n > 1}
+
+    def const(self, obj, hint="C"):
+        return self.ctx.const(obj, hint)
+
+    def sub(self, source):
+        key = source.key()
+        if key not in self._shared:
+            return source.expr(self)
+        if key not in self._names:
+            self._names[key] = f"__b{len(self._names)}"
+            self.lines.append(f"{self._names[key]} = {source.expr(self)}")
+        return self._names[key]
+
+
+def _bases(source):
+    """The sources `source` reads through (x and x.a for x.a.b), nearest first."""
+    while (source := getattr(source, "base", None)) is not None:
+        yield source

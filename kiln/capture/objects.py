@@ -1834,13 +1834,15 @@ def call_module(frame, mod_var, args, kwargs):
         raise Unsupported("module backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks
     # the instance may override forward (mod.forward = ...): getattr_var reads and guards it then
-    own_forward = f"'forward' {'in' if 'forward' in mod.__dict__ else 'not in'} v.__dict__"
+    # (a guard of its own: the same check guarding the forward it reads is then this one, not a second)
+    own = "forward" in mod.__dict__
+    og.guards.add(mod_var.source, f"'forward' {'in' if own else 'not in'} v.__dict__",
+                  f"{mod_var.source!r}.forward {'is set on the instance' if own else 'comes from its class'}")
     if not (pre or post):  # the common case: one guard
         og.guards.add(mod_var.source, "not (v._forward_hooks or v._forward_pre_hooks or v._backward_hooks or "
-                                      f"v._backward_pre_hooks) and {own_forward}",
-                      f"{mod_var.source!r} has no hooks and the same forward")
+                                      "v._backward_pre_hooks)", f"{mod_var.source!r} has no hooks")
     else:
-        og.guards.add(mod_var.source, f"not (v._backward_hooks or v._backward_pre_hooks) and {own_forward}",
+        og.guards.add(mod_var.source, "not (v._backward_hooks or v._backward_pre_hooks)",
                       f"{mod_var.source!r} has no backward hooks")
         for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):

@@ -13,6 +13,7 @@ import functools
 
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
+from torch._decomp.decompositions import _get_batch_norm_reserve_tensor as _batch_norm_reserve
 
 aten = torch.ops.aten
 
@@ -63,6 +64,53 @@ def _pow_bool(self, exponent):
     return NotImplemented
 
 
+def _eval_batch_norm(input, weight, bias, running_mean, running_var, eps):
+    """Eval batch norm as eager's CPU kernel computes it: a scale and a shift per channel
+    (alpha = weight / sqrt(var + eps), beta = bias - mean * alpha), then input * alpha + beta: one
+    multiply-add per element (lowering computes alpha and beta once per channel, see
+    lowering_base.BROADCAST_REUSE). None where torch's decomposition applies instead: other
+    devices (their saved statistics are tensors of their own) and reduced-precision inputs."""
+    if input.dtype not in (torch.float32, torch.float64) or input.dim() < 2 or input.device.type != "cpu":
+        return None
+    alpha = 1 / torch.sqrt(running_var + eps)
+    if weight is not None:
+        alpha = alpha * weight
+    beta = -running_mean * alpha
+    if bias is not None:
+        beta = beta + bias
+    shape = [1, -1] + [1] * (input.dim() - 2)
+    return input * alpha.view(shape) + beta.view(shape)
+
+
+def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out = _eval_batch_norm(input, weight, bias, running_mean, running_var, eps)
+    if out is None:
+        return decomposition_table[aten._batch_norm_no_update.default](
+            input, weight, bias, running_mean, running_var, momentum, eps)
+    reserve = _batch_norm_reserve(input, weight, bias, running_mean, running_var, eps, training=False)
+    return out, input.new_zeros((0,)), input.new_zeros((0,)), reserve
+
+
+def _batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    out = _eval_batch_norm(input, weight, bias, running_mean, running_var, eps)
+    if out is None:
+        return decomposition_table[aten._native_batch_norm_legit_no_training.default](
+            input, weight, bias, running_mean, running_var, momentum, eps)
+    return out, input.new_zeros((0,)), input.new_zeros((0,))
+
+
+def _native_batch_norm(op):
+    """native_batch_norm and _native_batch_norm_legit (same arguments): eval mode as
+    _eval_batch_norm, training as torch decomposes it."""
+    def decompose(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        out = None if training or running_mean is None or running_var is None else \
+            _eval_batch_norm(input, weight, bias, running_mean, running_var, eps)
+        if out is None:
+            return decomposition_table[op](input, weight, bias, running_mean, running_var, training, momentum, eps)
+        return out, input.new_zeros((0,)), input.new_zeros((0,))
+    return decompose
+
+
 _SQRT_HALF = 0.70710678118654752440
 _TANH_BETA = 0.79788456080286535588  # sqrt(2 / pi)
 _TANH_KAPPA = 0.044715
@@ -110,6 +158,10 @@ def _table(fallback_random):
     table[aten.embedding.default] = _embedding
     table[aten.pow.Tensor_Scalar] = _pow_bool
     table[aten.gelu.default] = _gelu
+    table[aten._batch_norm_no_update.default] = _batch_norm_no_update
+    table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_legit_no_training
+    for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default):
+        table[op] = _native_batch_norm(op)
     table[aten.gelu_backward.default] = _gelu_backward
     whole = {getattr(p, o) for p in KEEP_WHOLE for o in p.overloads()}
     return {op: fn for op, fn in table.items()

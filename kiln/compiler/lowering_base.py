@@ -139,13 +139,33 @@ def broadcast_map(ctx, in_sizes, out_sizes):
     return lambda idx: tuple(i if kept else ZERO for i, kept in zip(idx[n - k:], keep))
 
 
+# a lazy value broadcast over at least BROADCAST_REUSE times its own elements is computed once into a
+# buffer of its own when it costs more than REALIZE_BROADCAST_COST (ir.Expr.cost), not again for each
+# element it is broadcast to: eval batch norm's weight / sqrt(var + eps) per channel, not per pixel
+BROADCAST_REUSE = 16
+REALIZE_BROADCAST_COST = 4
+
+
 def broadcast(ctx, x, sizes, dtype):
     """index -> Expr of `x` (TensorValue or scalar) broadcast to `sizes`, converted to `dtype`."""
     if not isinstance(x, TensorValue):
         value = scalar(x, dtype)
         return lambda idx: value
+    if _costly_to_recompute(x, sizes):
+        x = ctx.realize(x)
     index_map = broadcast_map(ctx, x.sizes, sizes)
     return lambda idx: cast(x.loader(index_map(idx)), dtype)
+
+
+def _costly_to_recompute(x, sizes):
+    """Whether lazy `x` broadcast to `sizes` is worth a buffer of its own (see BROADCAST_REUSE)."""
+    if x.view is not None:
+        return False
+    own, out = ir.sympy_product(x.sizes), ir.sympy_product(sizes)
+    if not (own.is_number and out.is_number) or out < BROADCAST_REUSE * max(own, 1):
+        return False
+    index = tuple(sympy.Symbol(f"i{k}", integer=True, nonnegative=True) for k in range(x.ndim))
+    return x.loader(index).cost() > REALIZE_BROADCAST_COST
 
 
 def pointwise(ctx, fn, *args, compute=None):

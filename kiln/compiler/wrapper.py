@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.compiler import ir
+from kiln.compiler.memory_plan import storage_bytes
 from kiln.compiler.runner import fix_layout
 from kiln.compiler.schedule import Kernel
 
@@ -82,6 +83,11 @@ def build(program, compiled, memory, num_inputs, symbols=None):
             kernel_read |= {a.name for a in pytree.tree_leaves((step.args, step.kwargs))
                             if isinstance(a, ir.BufferArg) and a.layout is not None}
     kernel_read |= {value for kind, value, *rest in program.outputs if kind != "value" and rest and rest[0] is not None}
+    views = _Views(src, program)
+    for name, buf in buffers.items():
+        if isinstance(buf, (ir.InputBuffer, ir.ConstantBuffer)) and not any(
+                map(ir.is_symbolic, (*buf.layout.sizes, *buf.layout.strides))):  # (guards proved these)
+            views.actual[name] = buf.layout
     release = memory.release
     step_index = {id(step): k for k, step in enumerate(program.steps)}
     workspace_until = max((step_index[id(e.kernels[-1])] for e in entries if e.uses_workspace), default=None)
@@ -93,21 +99,22 @@ def build(program, compiled, memory, num_inputs, symbols=None):
             for kernel in entry.kernels:
                 for n in kernel.nodes:
                     if n.name in memory.inplace:  # written over an input this kernel reads last
-                        src.line(f"{n.name} = {_same_memory(memory.inplace[n.name], buffers, n.layout)}")
+                        views.same_memory(n.name, memory.inplace[n.name], n.layout)
                     elif storage[n.name] in ("output", "tensor"):
-                        layout = n.layout
+                        layout = views.allocation(n.name, n.layout)
                         device = "" if layout.device == ir.CPU else f", device={src.constant(layout.device, 'device')}"
                         src.line(f"{n.name} = empty_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
                                  f"dtype={src.literal(layout.dtype)}{device})")
             compiled.emit_call(src, entry, float_names)
             done = range(k, step_index[id(entry.kernels[-1])] + 1)
         else:
-            _extern(src, step, buffers, kernel_read)
+            _extern(src, step, buffers, kernel_read, views)
             done = (k,)
         # drop what no later step reads, so the allocator hands its memory to the next step
         dead = [name for j in done for name in release.get(j, ())]
         if ws_size and workspace_until in done:
             dead.append("ws")
+        dead += views.drop(dead)
         if dead:
             src.line(f"del {', '.join(dead)}")
     outs = []
@@ -126,11 +133,87 @@ def build(program, compiled, memory, num_inputs, symbols=None):
     return scope["kiln_graph"], code
 
 
-def _same_memory(name, buffers, layout):
-    """A tensor of `layout` over the memory of buffer `name` (the buffer itself when it has that layout)."""
-    if buffers[name].layout.sizes == layout.sizes and buffers[name].layout.strides == layout.strides:
-        return name
-    return f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)})"
+class _Views:
+    """The tensors a call holds and the views externs read, made once per call: a view with the
+    layout its tensor already has is the tensor itself; one read twice is made once (`as_strided`
+    costs a few microseconds of Python per call, and a transformer's wrapper makes dozens)."""
+
+    def __init__(self, src, program):
+        self.src = src
+        self.needs_own = _needs_own_layout(program)
+        self.extern_views = _extern_views(program)
+        self.actual = {}   # name -> the layout of the tensor bound to it (where the wrapper knows it)
+        self._made = {}    # (name, sizes, strides, offset) -> the variable holding that view
+        self._of = {}      # name -> the view variables made from it (dropped with it)
+
+    def same_memory(self, name, over, layout):
+        """Bind `name` (a kernel writes it with `layout`) to the memory of buffer `over`. Kernels
+        and views only read a tensor's memory and storage offset, so `over` itself serves, unless
+        the tensor is used whole (returned, or an extern's argument as it is)."""
+        own = self.actual.get(over)
+        if name in self.needs_own and not (own is not None and _same_shape(own, layout)):
+            self.src.line(f"{name} = {over}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)})")
+            self.actual[name] = layout
+            return
+        self.src.line(f"{name} = {over}")
+        if own is not None:
+            self.actual[name] = own
+
+    def allocation(self, name, layout):
+        """The layout to allocate kernel-written buffer `name` with: the one layout externs read it
+        through, where the buffer is only memory to the call and that layout spans the same bytes
+        (a kernel writes `(2, 64, 32)`, a matmul reads it as `(128, 32)`)."""
+        seen = self.extern_views.get(name, set())
+        if name not in self.needs_own and len(seen) == 1:
+            view = next(iter(seen))
+            if view.offset == 0 and view.dtype == layout.dtype and not ir.is_symbolic(storage_bytes(layout)) \
+                    and storage_bytes(view) == storage_bytes(layout):
+                layout = view
+        self.actual[name] = layout
+        return layout
+
+    def view(self, name, layout):
+        """An expression for buffer `name` seen through `layout` (offset relative to its own)."""
+        own = self.actual.get(name)
+        if own is not None and _same_shape(own, layout) and layout.offset == 0:
+            return name
+        key = (name, tuple(layout.sizes), tuple(layout.strides), layout.offset)
+        var = self._made.get(key)
+        if var is None:
+            var = self._made[key] = f"{name}_v{len(self._made)}"
+            self._of.setdefault(name, []).append(var)
+            self.src.line(f"{var} = {_view(name, layout)}")
+        return var
+
+    def drop(self, names):
+        """The view variables to delete with `names` (their last reader has run)."""
+        return [var for name in names for var in self._of.pop(name, ())]
+
+
+def _same_shape(a, b):
+    return tuple(a.sizes) == tuple(b.sizes) and tuple(a.strides) == tuple(b.strides)
+
+
+def _extern_views(program):
+    """{buffer: the layouts extern calls read it through}"""
+    seen = {}
+    for step in program.steps:
+        if isinstance(step, ir.ExternCall):
+            for a in pytree.tree_leaves((step.args, step.kwargs)):
+                if isinstance(a, ir.BufferArg) and a.layout is not None:
+                    seen.setdefault(a.name, set()).add(a.layout)
+    return seen
+
+
+def _needs_own_layout(program):
+    """Buffers the call uses as whole tensors, not only as memory: outputs returned as they are
+    and extern arguments passed as they are."""
+    used = {value for kind, value, *rest in program.outputs if kind != "value" and not (rest and rest[0] is not None)}
+    for step in program.steps:
+        if isinstance(step, ir.ExternCall):
+            used |= {a.name for a in pytree.tree_leaves((step.args, step.kwargs))
+                     if isinstance(a, ir.BufferArg) and a.layout is None}
+    return used
 
 
 def raise_failed_check(src, sites):
@@ -179,15 +262,18 @@ def _view(name, layout):
             f"{name}.storage_offset() + {pyexpr(sympy.sympify(layout.offset))})")
 
 
-def _extern(src, call, buffers, kernel_read):
+def _extern(src, call, buffers, kernel_read, views):
     def arg(a):
         if isinstance(a, ir.BufferArg):
-            return a.name if a.layout is None else _view(a.name, a.layout)
+            return a.name if a.layout is None else views.view(a.name, a.layout)
         if isinstance(a, (list, tuple)):
             return _sequence([arg(x) for x in a], isinstance(a, list))
         return src.literal(a)
-    args = [arg(a) for a in call.args] + [f"{k}={arg(v)}" for k, v in call.kwargs.items()]
-    target = src.constant(call.target, "aten_")
+    op, op_args = _as_linear(call, views) or (call.target, call.args)
+    args = [arg(a) for a in op_args] + [f"{k}={arg(v)}" for k, v in call.kwargs.items()]
+    target = src.constant(op, "aten_")
+    if isinstance(op, torch._ops.OpOverload) and hasattr(op, "_op"):
+        target += "._op"  # the op's C++ callable: what OpOverload.__call__ calls, a Python frame less
     results = call.outputs
     if isinstance(results, str):
         src.line(f"{results} = {target}({', '.join(args)})")
@@ -201,4 +287,25 @@ def _extern(src, call, buffers, kernel_read):
     for name in pytree.tree_leaves(results):
         if name is not None and name in kernel_read:
             layout = buffers[name].layout
-            src.line(f"{name} = fix_layout({name}, {_ints(layout.sizes)}, {_ints(layout.strides)})")
+            strides = _ints(layout.strides)  # (checked here: a Python call less per extern)
+            src.line(f"if {name}.stride() != {strides}: {name} = fix_layout({name}, {_ints(layout.sizes)}, {strides})")
+            views.actual[name] = layout
+
+
+_MATMULS = {torch.ops.aten.addmm.default: 1, torch.ops.aten.mm.default: 0}  # op -> position of its first matrix
+
+
+def _as_linear(call, views):
+    """(aten.linear, its arguments) for addmm(b, x, w.t()) and mm(x, w.t()) where the call holds w as
+    the matrix whose transpose is read: for a 2-d x, linear makes that very addmm or mm call, with
+    w.t() taken in C++ instead of by the wrapper's as_strided (each nn.Linear of a model, each call).
+    None for any other extern."""
+    first = _MATMULS.get(call.target)
+    if first is None or call.kwargs or len(call.args) != first + 2:
+        return None
+    w = call.args[first + 1]
+    own = views.actual.get(w.name) if isinstance(w, ir.BufferArg) and w.layout is not None else None
+    if own is None or len(own.sizes) != 2 or w.layout.offset != 0 or \
+            (tuple(w.layout.sizes), tuple(w.layout.strides)) != (tuple(own.sizes)[::-1], tuple(own.strides)[::-1]):
+        return None
+    return torch.ops.aten.linear.default, (call.args[first], ir.BufferArg(w.name, None), *call.args[:first])

@@ -468,3 +468,36 @@ def test_common_module_idioms_one_graph():
     x = torch.randn(3, 8)
     torch.testing.assert_close(compiled(x), model(x))
     assert counter.frame_count == 1
+
+
+@pytest.mark.kiln_only
+def test_parameters_are_read_through_each_module_once_per_call():
+    """The glue reads a model's parameters through their shared module paths once (glue._SharedBases),
+    and reads them anew on each call: a replaced parameter is the one the next call uses."""
+    def run(model, x):
+        return model(x)
+    model = nn.Sequential(MLP(), MLP())
+    compiled = kiln.compile(run, backend="eager")
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(compiled(model, x), run(model, x))
+    (entry,) = compiled.__kiln_compiled__._kiln_cache.entries
+    assert entry.glue_src.count("['layers']") == 2, entry.glue_src  # once per MLP, not once per weight
+    with torch.no_grad():
+        model[1].layers[2].weight = nn.Parameter(torch.randn(8, 8))
+        model[0].layers[0].bias.add_(1)
+    torch.testing.assert_close(compiled(model, x), run(model, x))
+
+
+@pytest.mark.kiln_only
+def test_each_module_forward_is_guarded_once():
+    """A module's hooks and its forward coming from its class are two guards, so the forward check that
+    reading `forward` adds is the same guard, not a second one (guards run on every call)."""
+    model = MLP()
+    compiled = kiln.compile(lambda m, x: m(x), backend="eager")
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(compiled(model, x), model(x))
+    (entry,) = compiled.__kiln_compiled__._kiln_cache.entries
+    forward_checks = [g for g in entry.guards if "'forward'" in (g.check or '')]
+    assert len(forward_checks) == len({g.source.key() for g in forward_checks}), forward_checks
+    model.layers[1].forward = lambda x: x * 0  # set on the instance: the guard sees it
+    torch.testing.assert_close(compiled(model, x), model(x))
