@@ -131,7 +131,7 @@ class Glue:
 
     def _build(self, var, name):
         if isinstance(var, TensorVariable):
-            if var.node.op == "placeholder":
+            if var.node.op == "placeholder" or var.data_replaced:
                 return var.source.expr(self.ctx)
             if id(var) not in self._out_index:
                 self._out_index[id(var)] = len(self.outputs)

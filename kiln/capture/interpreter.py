@@ -785,6 +785,7 @@ class Frame:
         ctx = self.pop()
         if isinstance(ctx, GradModeVariable):
             prior = self.og.grad_enabled if ctx.prior is None else ctx.prior
+            ctx.entered_from = self.og.grad_enabled
             self.og.set_grad_enabled(ctx.enabled)
             self.push(ExitVariable(lambda: self.og.set_grad_enabled(prior), restores=prior))
             self.push(const(None))

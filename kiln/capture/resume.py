@@ -7,7 +7,7 @@ become free variables, so the glue can hand over the very cells that closures ma
 break captured. One code object per (code, offset, layout), so its cache is shared by recompiles;
 they are kept while `code` lives.
 """
-from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
+from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin, TryEnd
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture.identity_table import IdentityTable
@@ -79,13 +79,19 @@ def resume_code(code, offset, stack_nulls, live):
     found = made.get(key)
     if found is not None:
         return found
-    bc = Bytecode.from_code(code)
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     target_pos = instructions(code)[1][offset]
     body, seen, label = [], 0, Label()
+    open_try, reopened = None, {}  # the exception-table range the jump lands in, split at the label
     for item in bc:
+        if isinstance(item, TryBegin):
+            open_try = item
+        elif isinstance(item, TryEnd):
+            open_try = None
+            item = TryEnd(reopened.get(id(item.entry), item.entry))
         if isinstance(item, Instr):
             if seen == target_pos:
-                body.append(label)
+                body += _split_range(open_try, label, reopened)
             seen += 1
             if item.name in ("MAKE_CELL", "COPY_FREE_VARS"):
                 continue  # the prologue's job: the new prologue hands cells over as free variables
@@ -123,6 +129,18 @@ def resume_code(code, offset, stack_nulls, live):
     out = new.to_code()
     made[key] = out
     return out
+
+
+def _split_range(open_try, label, reopened):
+    """The label the prologue jumps to, in the exception-table range `open_try` (or None) of the
+    original: the range ends before the label and a copy begins after it, so that the stack depth at
+    its handler is computed along the path the resume function takes (the original start is dead
+    code now; its depth would be unknown)."""
+    if open_try is None:
+        return [label]
+    again = TryBegin(open_try.target, open_try.push_lasti, open_try.stack_depth)
+    reopened[id(open_try)] = again
+    return [TryEnd(open_try), label, again]
 
 
 def _location_of(bc, target_pos):
