@@ -13,6 +13,7 @@ import types
 import torch
 
 from kiln.capture import interpreter as interp
+from kiln.capture import resume
 from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
                                     DictVariable, DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator,
@@ -70,6 +71,12 @@ def _user_container(cls):
     """A user's (heap) subclass of list/tuple/dict that a rebuild makes with _new_instance."""
     return cls not in (list, tuple, dict) and bool(cls.__flags__ & (1 << 9)) and not hasattr(cls, "_fields") and \
         not (cls.__module__ == "collections" or cls.__module__.startswith(("torch", "transformers")))
+
+
+def _primed(gen):
+    """`gen` run to its first yield, whose item is dropped (a paused generator's copy: resume.resume_code)."""
+    next(gen)
+    return gen
 
 
 def _finished_generator():
@@ -191,6 +198,8 @@ class Glue:
             return f"{self.const(_finished_generator, 'DONEGEN')}()"
         if isinstance(var, GeneratorVariable) and var.count == 0:
             return self._unstarted_generator(var)
+        if isinstance(var, GeneratorVariable):
+            return self._paused_generator(var)
         if isinstance(var, ObjectIterator):
             return self.value(var.obj)
         if isinstance(var, IteratorVariable):
@@ -264,6 +273,27 @@ class Glue:
             self._deferred.append(lambda: "; ".join(f"{name}.{k} = {self.value(v)}" for k, v in attrs.items()))
         if instance_dict.items:
             self._deferred.append(lambda: f"{name}.__dict__.update({self.value(instance_dict)})")
+
+    def _paused_generator(self, var):
+        """A generator paused at a yield: a generator of a copy of its code (resume.resume_code) given
+        the paused frame's stack and live locals and run to that same yield, where it waits as the
+        original does; what it yields next is computed when it is asked for, as in CPython."""
+        frame = var.frame
+        yield_inst = frame.insts[frame.ip - 1]
+        if yield_inst.opname != "YIELD_VALUE":
+            raise Unsupported("a generator paused elsewhere than at a yield")
+        stack = frame.stack[:-1] + [ConstantVariable(None)]  # (what the yield hands out: what `_primed` drops)
+        nulls = [interp.is_null(v) for v in stack]
+        live = [n for n in resume.live_locals(frame.code, yield_inst.offset) if n in frame.locals]
+        code = resume.resume_code(frame.code, yield_inst.offset, nulls, live, generator=True)
+        stack_names, argnames = resume.parameters(frame.code, nulls, live)
+        values = dict(zip(stack_names, [v for v, null in zip(stack, nulls) if not null]))
+        values.update((n, frame.locals[n]) for n in live)
+        cells = "".join(self.value(frame.cells[n]) + ", " for n in code.co_freevars)
+        fn = (f"{self.const(types.FunctionType, 'FN')}({self.const(code, 'CODE')}, {self.const(frame.f_globals, 'GD')}, "
+              f"{frame.code.co_name!r}, None, {'(' + cells + ')' if code.co_freevars else 'None'})")
+        args = ", ".join(self.value(values[n]) for n in argnames)
+        return f"{self.const(_primed, 'PRIMED')}({fn}({args}))"
 
     def _unstarted_generator(self, var):
         """A generator not run yet (made just before a break): call its function again, natively."""

@@ -71,11 +71,18 @@ def parameters(code, stack_nulls, live):
     return stack, stack + list(live)
 
 
-def resume_code(code, offset, stack_nulls, live):
+_GENERATOR_FLAGS = 0x20 | 0x100 | 0x200  # CO_GENERATOR, CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR (kept by
+# a paused generator's copy); CO_VARARGS, CO_VARKEYWORDS, CO_NESTED and CO_COROUTINE are dropped
+
+
+def resume_code(code, offset, stack_nulls, live, generator=False):
     """A code object taking `parameters(code, stack_nulls, live)` (the non-NULL stack items and live
-    locals) that continues `code` at `offset`."""
+    locals) that continues `code` at `offset`. `generator`: `code` is a generator's and `offset` one of
+    its yields: the copy is a generator function whose generator, on its first next(), runs straight
+    to that yield (yielding the item on top of the stack given) and is then paused where the original
+    was, inside the same try blocks, so send/throw/close continue it as they would the original."""
     made = _CACHE.setdefault(code, dict)
-    key = (offset, tuple(stack_nulls), tuple(live))
+    key = (offset, tuple(stack_nulls), tuple(live), generator)
     found = made.get(key)
     if found is not None:
         return found
@@ -104,6 +111,8 @@ def resume_code(code, offset, stack_nulls, live):
     freevars = list(code.co_freevars) + list(code.co_cellvars)
     if freevars:
         prologue.append(Instr("COPY_FREE_VARS", len(freevars), location=loc))
+    if generator:
+        prologue += [Instr("RETURN_GENERATOR", location=loc), Instr("POP_TOP", location=loc)]
     prologue.append(Instr("RESUME", 0, location=loc))
     i = 0
     for null in stack_nulls:
@@ -120,11 +129,14 @@ def resume_code(code, offset, stack_nulls, live):
     new.first_lineno = code.co_firstlineno
     new.name = f"__resume_{code.co_name}_at_{offset}"
     new.qualname = new.name
+    if generator:  # (a generator takes its name from its code: it is the original's, paused)
+        new.name, new.qualname = code.co_name, code.co_qualname
     new.filename = code.co_filename
     new.docstring = None
     new.cellvars = []
     new.freevars = freevars
-    new.flags = code.co_flags & ~(0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200) | 0x10 * bool(freevars)
+    new.flags = code.co_flags & ~(0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200) | 0x10 * bool(freevars) | \
+        (code.co_flags & _GENERATOR_FLAGS if generator else 0)
     new.exception_table = None
     out = new.to_code()
     made[key] = out
