@@ -1763,8 +1763,9 @@ def _construct(frame, cls_var, cls, args, kwargs):
 
 
 def _python_library_class(cls):
-    """A class of torch's written in Python that capture follows like user code (torch.distributions)."""
-    return cls.__module__.startswith("torch.distributions.")
+    """A class of torch's written in Python that capture follows like user code (torch.distributions,
+    torch.testing's comparison pairs)."""
+    return cls.__module__.startswith(("torch.distributions.", "torch.testing."))
 
 
 def _construct_module(frame, cls, args, kwargs):
