@@ -1377,6 +1377,8 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, FreshObjectVariable) and \
             isinstance(call_attr := inspect.getattr_static(fn.cls, "__call__", None), types.FunctionType):
         return call_python_function(frame, call_attr, [fn] + list(args), kwargs)  # an instance made in the frame
+    if (call_method := python_special(frame, fn, "__call__", objects=False)) is not None:
+        return call(frame, call_method, args, kwargs)  # an instance of a list/dict/tuple subclass with __call__
     raise Unsupported(f"calling {describe(fn)}")
 
 
