@@ -91,8 +91,10 @@ class Capture:
                     raise self._cannot("an autocast block still open at the end of the frame")
                 return result
             except Unsupported as e:
-                if self.requested is None or self.fullgraph:
+                if self.fullgraph:
                     raise
+                if self.requested is None:  # no instruction to break at (capture's own limits): run it natively
+                    raise EagerFrame(f"{e.msg}; {self.code.co_qualname} runs eagerly") from e
                 inst, _ = self.requested
                 if inst.opname in ("RAISE_VARARGS", "RERAISE") and e.python_exception is not None:
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
@@ -220,6 +222,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
     glue = Glue(og)
     try:
         if isinstance(result, _Break):
+            glue.at_break = True
             tail, reason = _break_tail(cap, glue, result)
         else:
             ret = glue.value(result)

@@ -97,6 +97,7 @@ class Glue:
         self._alive = []       # the Variables named in _tmp, kept so their ids stay theirs
         self._n = 0
         self._deferred = []    # lines that fill objects/cells after all of them exist
+        self.at_break = False  # the values are handed to a resume function (else: returned)
 
     def const(self, obj, hint="C"):
         return self.ctx.const(obj, hint)
@@ -199,6 +200,10 @@ class Glue:
         if isinstance(var, GeneratorVariable) and var.count == 0:
             return self._unstarted_generator(var)
         if isinstance(var, GeneratorVariable):
+            if self.at_break:
+                # (one a resume function would take over: it could, but torch.compile runs such a
+                # frame eagerly, and kiln keeps its graph counts)
+                raise Unsupported("a generator paused at a yield across a graph break")
             return self._paused_generator(var)
         if isinstance(var, ObjectIterator):
             return self.value(var.obj)

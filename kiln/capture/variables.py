@@ -548,9 +548,10 @@ class GradModeVariable(Variable):
     switches at construction (as torch's does); `prior` is the mode its exit restores. `entered_from`:
     the mode a no_grad()/enable_grad() object was last entered in (its __enter__ saves it as `prev`)."""
 
-    def __init__(self, enabled, cls, prior=None):
+    def __init__(self, enabled, cls, prior=None, source=None, value=None):
         self.enabled, self.cls, self.prior = enabled, cls, prior
         self.entered_from = None
+        self.source, self.value = source, value  # an object from outside the frame: where, and which
 
     def python_type(self):
         return self.cls

@@ -125,3 +125,25 @@ def test_grad_mode_object_lives_across_a_break(fn):
     if fn is mode_object_made_before_a_break or sys.version_info < (3, 12):
         assert counter.frame_count == 2
     assert torch.is_grad_enabled()
+
+
+def made_then_entered_after_a_break(x):
+    x = x + 1
+    ctx = torch.set_grad_enabled(True)
+    opaque()
+    with ctx:
+        x = x * 2
+    return x
+
+
+def test_a_grad_mode_object_handed_to_the_resume_function_is_not_compiled_again():
+    """A new set_grad_enabled object reaches the resume function on every call: guarded by its state,
+    not by which object it is, so later calls reuse the entries."""
+    counter = CompileCounter()
+    compiled = kiln.compile(made_then_entered_after_a_break, backend=counter)
+    x = torch.zeros(3)
+    for _ in range(3):
+        out = compiled(x)
+        torch.testing.assert_close(out, made_then_entered_after_a_break(x))
+        assert out.requires_grad is False and torch.is_grad_enabled()
+    assert counter.frame_count == 2
