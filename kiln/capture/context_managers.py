@@ -68,16 +68,18 @@ glue.REBUILDERS[GradModeVariable] = _rebuild_grad_mode
 def _wrap_grad_mode(og, value, source, guard):
     """A grad-mode object from outside the frame (one a resume function is handed after a break):
     modelled by its state, which is guarded, so a new object in the same state runs the same entry."""
-    state = {"prev": value.prev, "mode": value.mode} if type(value) is torch.set_grad_enabled else {"prev": value.prev}
+    names = ("prev", "mode") if type(value) is torch.set_grad_enabled else ("prev",)  # (enable_grad: prev once entered)
+    state = {name: getattr(value, name, None) for name in names}
     if guard and source is not None:
         og.guards.type_match(source, value)
         for name, v in state.items():
-            og.guards.add(source, f"v.{name} is {v!r}", f"{source!r}.{name} is {v!r}")
+            check = f"v.{name} is {v!r}" if hasattr(value, name) else f"not hasattr(v, {name!r})"
+            og.guards.add(source, check, f"{source!r}: {check}")
     if type(value) is torch.set_grad_enabled:
         mode = GradModeVariable(value.mode, torch.set_grad_enabled, value.prev, source, value)
     else:
         mode = GradModeVariable(type(value) is torch.enable_grad, type(value), None, source, value)
-    mode.entered_from = value.prev
+    mode.entered_from = state["prev"]
     return mode
 
 
