@@ -147,3 +147,24 @@ def test_a_grad_mode_object_handed_to_the_resume_function_is_not_compiled_again(
         torch.testing.assert_close(out, made_then_entered_after_a_break(x))
         assert out.requires_grad is False and torch.is_grad_enabled()
     assert counter.frame_count == 2
+
+
+def grad_back_on_after_a_block(x, w):
+    with torch.no_grad():
+        a = x * w
+        opaque()
+        b = a * w  # (no grad: inside the block)
+    return b, b * w  # the resume function's graph switches grad on here
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiling_a_graph_with_a_grad_switch_leaves_grad_mode_alone(backend):
+    """Tracing the resume function's graph runs its grad switch for real; the first call (which
+    compiles) must still compute `b` without grad, as every later call does."""
+    compiled = kiln.compile(grad_back_on_after_a_block, backend=backend)
+    w = torch.randn(3, requires_grad=True)
+    for _ in range(2):
+        x = torch.randn(3)
+        actual, expected = compiled(x, w), grad_back_on_after_a_block(x, w)
+        assert [t.requires_grad for t in actual] == [t.requires_grad for t in expected] == [False, True]
+        torch.testing.assert_close(actual, expected)
