@@ -4,7 +4,8 @@ Per row: the median time of one call (CUDA events around a batch of calls, after
 compiler's speedup over eager, kiln / torch.compile, and compile time (the first call). Rows past
 the time budget are skipped, so the whole run fits the GPU machine's window.
 
-`python -m bench.gpu_bench [--budget SECONDS] [--json FILE] [--only NAME,...]`
+`python -m bench.gpu_bench [--budget SECONDS] [--json FILE] [--only NAME,...] [--device cpu] [--small]`
+(`--device cpu --small`: the dry run of `bench/gpu.sh dry`, wall-clock timing; its numbers mean nothing)
 """
 import argparse
 import json
@@ -14,7 +15,8 @@ import time
 import torch
 
 import kiln
-from bench.gpu_workloads import PROGRAMS
+from bench import gpu_workloads
+from bench.gpu_workloads import PROGRAMS, TRAINING
 
 ROWS = [  # (program, dtypes, mode): mode "reduce-overhead" for the small-batch row
     ("pointwise", ("float32", "bfloat16"), None),
@@ -26,29 +28,43 @@ ROWS = [  # (program, dtypes, mode): mode "reduce-overhead" for the small-batch 
     ("hf_gpt2", ("bfloat16",), None),
     ("hf_bert", ("bfloat16",), None),
     ("small_mlp", ("float32",), "reduce-overhead"),
+    ("train_step", ("float32", "bfloat16"), None),
 ]
+DEVICE = torch.device("cuda")
+
+
+def synchronize():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def elapsed_ms(fn, args, calls):
+    """Milliseconds per call over `calls` calls: CUDA events on a GPU, the wall clock elsewhere."""
+    if DEVICE.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        return (time.perf_counter() - start) * 1e3 / calls
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        fn(*args)
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / calls
 
 
 def time_calls(fn, args, repeats=5, min_seconds=0.05):
     """Median milliseconds per call."""
     for _ in range(3):
         fn(*args)
-    torch.cuda.synchronize()
+    synchronize()
     start = time.perf_counter()
     fn(*args)
-    torch.cuda.synchronize()
+    synchronize()
     once = max(time.perf_counter() - start, 1e-6)
     calls = max(1, min(200, int(min_seconds / once)))
-    samples = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(calls):
-            fn(*args)
-        end.record()
-        end.synchronize()
-        samples.append(begin.elapsed_time(end) / calls)
-    return statistics.median(samples)
+    return statistics.median(elapsed_ms(fn, args, calls) for _ in range(repeats))
 
 
 def compiled_with(compiler, fn, mode):
@@ -64,15 +80,15 @@ def compiled_with(compiler, fn, mode):
 def run_row(name, dtype_name, mode):
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
-    fn, args = PROGRAMS[name][0](torch.device("cuda"), dtype)
+    fn, args = PROGRAMS[name][0](DEVICE, dtype)
     row = {"name": name, "dtype": dtype_name, "mode": mode or "default"}
-    with torch.no_grad():
+    with torch.set_grad_enabled(name in TRAINING):
         for compiler in ("eager", "kiln", "torch"):
             try:
                 model = compiled_with(compiler, fn, mode)
                 start = time.perf_counter()
                 model(*args)
-                torch.cuda.synchronize()
+                synchronize()
                 row[f"{compiler}_first_s"] = time.perf_counter() - start
                 row[f"{compiler}_ms"] = time_calls(model, args)
             except Exception as e:  # a row with an error still prints
@@ -97,9 +113,14 @@ def main():
     parser.add_argument("--budget", type=float, default=330.0, help="seconds; later rows are skipped")
     parser.add_argument("--json")
     parser.add_argument("--only")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true", help="toy sizes (a dry run)")
     opts = parser.parse_args()
+    global DEVICE
+    DEVICE, gpu_workloads.SMALL = torch.device(opts.device), opts.small
     only = set(opts.only.split(",")) if opts.only else None
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    where = torch.cuda.get_device_name() if DEVICE.type == "cuda" else f"{DEVICE} (dry run: times mean nothing)"
+    print(f"{where}, torch {torch.__version__}")
     print(f"{'workload':13s} {'dtype':9s} {'mode':15s} {'eager ms':>8s} {'kiln ms':>8s} {'torch ms':>8s}  "
           f"{'kiln/e':>7s} {'torch/e':>7s} {'k vs t':>7s}  first call (compile)")
     start, rows = time.perf_counter(), []

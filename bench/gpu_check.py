@@ -2,8 +2,10 @@
 dynamic sizes, a training step and a mixed-device graph. Prints one line per case (OK / MISMATCH /
 ERROR, and how many of its graphs ran as Triton kernels) and exits 1 if any case is wrong.
 
-`python -m bench.gpu_check [NAME ...]` (bench/gpu.sh runs it on the GPU machine).
+`python -m bench.gpu_check [--device cpu] [--small] [NAME ...]` (bench/gpu.sh runs it on the GPU machine;
+`bench/gpu.sh dry` runs it on CPU tensors through Triton's interpreter, at toy sizes).
 """
+import argparse
 import sys
 import time
 import traceback
@@ -11,7 +13,8 @@ import traceback
 import torch
 
 import kiln
-from bench.gpu_workloads import PROGRAMS
+from bench import gpu_workloads
+from bench.gpu_workloads import PROGRAMS, TRAINING
 
 TOLERANCE = {torch.float32: dict(atol=2e-3, rtol=2e-3), torch.bfloat16: dict(atol=6e-2, rtol=6e-2)}
 DEVICE = torch.device("cuda")
@@ -55,7 +58,7 @@ def compare(got, expected, dtype):
 def check_program(name, dtype, dynamic=False, mode=None):
     torch.manual_seed(0)
     fn, args = PROGRAMS[name][0](DEVICE, dtype)
-    with torch.no_grad():
+    with torch.set_grad_enabled(name in TRAINING):
         expected = fn(*args)
         kiln.reset()
         compiled = kiln.compile(fn, dynamic=dynamic, mode=mode)
@@ -73,7 +76,7 @@ def check_dynamic():
         compare(compiled(x), fn(x), torch.float32)
 
 
-def check_training():
+def check_training(mode=None):
     from bench.gpu_workloads import GPT2Block
     torch.manual_seed(0)
     eager_model = GPT2Block(256, 4).to(DEVICE)
@@ -86,9 +89,11 @@ def check_training():
         loss.backward()
         return loss
     kiln.reset()
-    compare(kiln.compile(step)(kiln_model), step(eager_model), torch.float32)
-    for a, b in zip(kiln_model.parameters(), eager_model.parameters()):
-        compare(a.grad, b.grad, torch.float32)
+    compiled = kiln.compile(step, mode=mode)
+    for _ in range(3):  # reduce-overhead: warm-up, record, replay
+        compare(compiled(kiln_model), step(eager_model), torch.float32)
+        for a, b in zip(kiln_model.parameters(), eager_model.parameters()):
+            compare(a.grad, b.grad, torch.float32)
 
 
 def check_mixed_devices():
@@ -105,11 +110,19 @@ def cases(names):
             yield f"{name}[{str(dtype)[6:]}]", lambda name=name, dtype=dtype: check_program(name, dtype)
     yield "dynamic_sizes", check_dynamic
     yield "training_step", check_training
+    yield "training_step_cudagraphs", lambda: check_training("reduce-overhead")
     yield "mixed_devices", check_mixed_devices
 
 
 def main(argv):
-    names = argv or list(PROGRAMS)
+    global DEVICE
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true", help="toy sizes (a dry run)")
+    parser.add_argument("names", nargs="*")
+    opts = parser.parse_args(argv)
+    DEVICE, gpu_workloads.SMALL = torch.device(opts.device), opts.small
+    names = opts.names or list(PROGRAMS)
     failures = 0
     for label, run in cases(names):
         start = time.perf_counter()

@@ -1,4 +1,5 @@
 """kiln: torch.compile, rebuilt from scratch in Python."""
+from kiln import cache
 from kiln.api import OptimizedModule, compile, list_mode_options, list_options, reset
 from kiln.backends import list_backends, register_backend
 from kiln.capture.disable import disable
@@ -23,7 +24,7 @@ def report(path=None):
     return _report(path)
 
 
-__all__ = ["compile", "config", "disable", "explain", "list_backends", "list_mode_options", "list_options",
+__all__ = ["cache", "compile", "config", "disable", "explain", "list_backends", "list_mode_options", "list_options",
            "mark_dynamic", "mark_static", "register_backend", "report", "reset", "OptimizedModule", "BackendCompilerFailed",
            "ConstraintViolation", "FailOnRecompileLimitHit", "InternalError", "InvalidArgument", "InvalidBackend",
            "KilnError", "Unsupported"]

@@ -136,8 +136,9 @@ config = _Config()
 # Compiler options: name -> Option. `kiln.list_options()` lists the names.
 COMPILER_OPTIONS = {
     "epilogue_fusion": Option(True, "fuse pointwise consumers into reductions"),
-    "max_autotune": Option(False, "benchmark candidate kernels and keep the fastest (accepted; no effect on "
-                                  "CPU yet: see INERT_OPTIONS)"),
+    "max_autotune": Option(False, "benchmark each Triton kernel's candidate block configs at its first call per "
+                                  "size and keep the fastest (on disk, KILN_CACHE_DIR/autotune); no effect on "
+                                  "C++ kernels: see INERT_OPTIONS"),
     "coordinate_descent_tuning": Option(False, "tune kernel parameters by coordinate descent (accepted; no "
                                                "effect on CPU: see INERT_OPTIONS)"),
     "fallback_random": Option(False, "run random ops through aten so results equal eager under one seed"),
@@ -154,8 +155,8 @@ COMPILER_OPTIONS = {
                                  "{'cpu': 'cpp', 'cuda': 'triton'}; {'cpu': 'triton'} sends CPU graphs through Triton "
                                  "(its interpreter, TRITON_INTERPRET=1: tests); a device without a backend runs through "
                                  "aten. Default from KILN_DEVICE_BACKEND=cpu:triton", dict, choices=("cpp", "triton")),
-    "triton.cudagraphs": Option(False, "replay CUDA inference graphs as CUDA graphs (mode='reduce-overhead'; no "
-                                       "effect on CPU graphs)"),
+    "triton.cudagraphs": Option(False, "replay compiled CUDA graphs (inference; training forward and backward) as "
+                                       "CUDA graphs (mode='reduce-overhead'; no effect on CPU graphs)"),
     "trace.enabled": Option(False, "write a debug folder per graph: fx, aten, IR, schedule, code"),
     "trace.graph_diagram": Option(False, "with trace.enabled: draw the fx graph and the fused schedule as SVG in "
                                           "the debug folder (needs graphviz)"),
@@ -172,9 +173,9 @@ COMPILER_OPTIONS = {
 # Options kiln accepts (programs written for torch.compile pass them) but that change nothing it
 # compiles on CPU; each compile that sets one says so in one perf_hints line, with the reason.
 INERT_OPTIONS = {
-    "max_autotune": "kiln has one kernel variant per fused group and calls aten's own CPU matmul and "
-                    "convolution choices (MKL/oneDNN pick their kernels per shape at run time), so there "
-                    "is nothing yet to benchmark against",
+    "max_autotune": "C++ kernels have one variant per fused group (it tunes Triton kernels' blocks) and "
+                    "kiln calls aten's own CPU matmul and convolution choices (MKL/oneDNN pick their "
+                    "kernels per shape at run time), so there is nothing yet to benchmark against",
     "coordinate_descent_tuning": "it tunes GPU launch parameters (block sizes, warps); CPU kernels have "
                                  "none: gcc vectorizes each loop at the machine's width",
     "shape_padding": "MKL's CPU matmul gains nothing measurable from padded sizes at the shapes kiln "

@@ -248,7 +248,8 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
     check, first_failure, guard_src = og.guards.build()
     entry = CacheEntry(check, run, list(og.guards.guards), first_failure, gm, _detached(reason), glue_src, guard_src,
                        og.input_values(), og.guards.liveness,
-                       capture_cache.stored_form(og, glue, graph_fn, gm, glue_src, backend, code))
+                       capture_cache.stored_form(og, glue, graph_fn, gm, glue_src, backend, code,
+                                                 cap.caller))
     log_entry(code, entry)
     return entry
 

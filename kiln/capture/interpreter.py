@@ -6,7 +6,6 @@ instruction loop and the stack discipline. What differs between CPython versions
 NULL sits, what FOR_ITER skips, ...) is asked of `bytecode_facts`, never of `sys.version_info` here.
 """
 import builtins
-import dis
 import inspect
 import linecache
 import operator
@@ -15,6 +14,7 @@ import torch
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
+from kiln.capture.code_index import instructions
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
 from kiln.capture.user_files import is_user_file
@@ -61,21 +61,6 @@ class _Instructions:
     @classmethod
     def of(cls, code):
         return cls._cache.setdefault(code, lambda: instructions(code))
-
-
-def instructions(code):
-    """-> (instructions without EXTENDED_ARG, offset -> index). A jump may target an EXTENDED_ARG
-    prefix, so those offsets map to the instruction they extend."""
-    insts, index_of, pending = [], {}, []
-    for i in dis.get_instructions(code):
-        if i.opname == "EXTENDED_ARG":
-            pending.append(i.offset)
-            continue
-        for off in pending + [i.offset]:
-            index_of[off] = len(insts)
-        pending = []
-        insts.append(i)
-    return insts, index_of
 
 
 _EXCEPTION_TABLES = IdentityTable()  # code -> its parsed exception table

@@ -249,15 +249,22 @@ def _import(name):
 # ---- fx graphs ------------------------------------------------------------------------------------
 def graph_to_json(gm):
     """The nodes of a captured graph as JSON-able lists."""
+    from kiln.compiler import graph_cache
+    try:  # with symbolic sizes, each placeholder's description (graph_cache keys the graph by them)
+        symbolic = graph_cache.symbolic_inputs(gm)
+    except graph_cache.Uncacheable as e:
+        raise Unportable(str(e)) from None
+    inputs = iter(symbolic or ())
     nodes = []
     for node in gm.graph.nodes:
         if node.op in ("call_module", "get_attr"):
             raise Unportable(f"graph node {node.name} is a {node.op}")
-        value = node.meta.get("example_value")
-        if _is_symbolic(value):
-            raise Unportable("the graph has symbolic sizes")
+        if not symbolic and _is_symbolic(node.meta.get("example_value")):
+            raise Unportable("the graph has sizes read from tensor data")
         target = describe(node.target, {}) if node.op == "call_function" else node.target
         meta = {k: node.meta[k] for k in ("source", "module_state") if k in node.meta}
+        if symbolic and node.op == "placeholder":
+            meta["kiln_input"] = next(inputs)
         nodes.append([node.op, node.name, target, _args_to_json((node.args, node.kwargs)), meta])
     return nodes
 

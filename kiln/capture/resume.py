@@ -7,13 +7,16 @@ become free variables, so the glue can hand over the very cells that closures ma
 break captured. One code object per (code, offset, layout), so its cache is shared by recompiles;
 they are kept while `code` lives.
 """
+import weakref
+
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin, TryEnd
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture.identity_table import IdentityTable
-from kiln.capture.interpreter import instructions
+from kiln.capture.code_index import instructions
 
 _CACHE = IdentityTable()  # code -> {(offset, stack_nulls, live): resume code}
+_ORIGIN = IdentityTable()  # resume code -> (weak ref to the code, (offset, stack_nulls, live)) it was made from
 
 
 def live_locals(code, offset):
@@ -140,6 +143,8 @@ def resume_code(code, offset, stack_nulls, live, generator=False):
     new.exception_table = None
     out = new.to_code()
     made[key] = out
+    if not generator:  # (a paused generator's copy is not a resume function the capture cache stores)
+        _ORIGIN[out] = (weakref.ref(code), key[:3])  # (weak: the resume code must not keep its original alive)
     return out
 
 
@@ -155,6 +160,16 @@ def _split_range(open_try, label, reopened):
     return [TryEnd(open_try), label, again]
 
 
+def resume_spot(rcode, code):
+    """[offset, stack_nulls, live] when `rcode` is a resume function `resume_code` made from `code`
+    (the capture cache stores it so, and remakes it with resume_code); None otherwise."""
+    origin = _ORIGIN.get(rcode)
+    if origin is None or origin[0]() is not code:
+        return None
+    offset, stack_nulls, live = origin[1]
+    return [offset, list(stack_nulls), list(live)]
+
+
 def _location_of(bc, target_pos):
     seen = 0
     for item in bc:
@@ -167,4 +182,5 @@ def _location_of(bc, target_pos):
 
 def reset():
     _CACHE.clear()
+    _ORIGIN.clear()
 

@@ -63,6 +63,10 @@ class CodeCache:
     def code(self):
         return self._code()
 
+    def caller(self):
+        """What this frame's glue calls at a graph break (runtime.Caller)."""
+        return Caller(self.backend, self.dynamic)
+
     def __call__(self, F, L):
         """Run a frame whose bound arguments are already the tuple L (resume functions)."""
         for e in self.entries:
@@ -101,8 +105,7 @@ class CodeCache:
                 self._log_recompile(F, L)
                 report.recompiling(self.code, self.entries, F, L, _evaluate)
                 self.dynamism.note_changes(self.entries, lambda source: _evaluate(source, F, L))
-            if not self.dynamism.has_changes() and not report.active():  # (else capture makes what
-                # changed symbolic; a compile report wants what capture records)
+            if not report.active():  # (a compile report wants what capture records)
                 with autograd_hooks.hidden():  # (its backend compiles here, as compile_frame's does)
                     entry = capture_cache.load(self, F, L)  # an entry an earlier process captured, if one fits
                 if entry is not None:
@@ -114,7 +117,7 @@ class CodeCache:
                     try:
                         capture_cache.stats.captures += 1
                         entry = compile_frame(F, L, self.code, self.backend, self.fullgraph, self.dynamism,
-                                              Caller(self.backend, self.dynamic))
+                                              self.caller())
                     finally:
                         torch_caches.release_finished_compiles()
                     sources.tie_to(entry)
@@ -333,6 +336,11 @@ class Caller:
     def resume_cache(self, rcode):
         """The cache a resume function's code runs through (compiled on a miss, as a frame of its own)."""
         return _cache_for(rcode, self._key, self.backend)
+
+    @staticmethod
+    def cached_code(value):
+        """The code object of `value` when it is a frame's cache (a CodeCache), else None."""
+        return value.code if isinstance(value, CodeCache) else None
 
 
 def _binder_for(fn):

@@ -21,7 +21,7 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
         log("perf_hints", "option %s has no effect on CPU: %s", name, why)
     if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
                                     or any(p.requires_grad for p in gm.parameters())):
-        from kiln.compiler.training import compile_training
+        from kiln.compiler.grad_modes import compile_training
         if options.get("freezing"):
             log("perf_hints", "freezing applies to inference graphs (torch.no_grad()); this graph is "
                 "compiled for training, its parameters as inputs")
@@ -34,6 +34,8 @@ def compile_fx(gm, example_inputs, options=None, inner="cpp"):
               else graph_cache.Lookup(None))
     if cached.runner is not None:  # compiled by an earlier process: no aot, lowering or codegen
         return _eager_when_mutated_inputs_alias(cached.runner, gm)
+    if graph_cache.needs_a_hit(gm):
+        raise graph_cache.NotCached("a graph with symbolic sizes loaded from disk has no compiled form in the cache")
     from kiln.compiler import aot  # (make_fx, fake tensors, sympy: not needed for a graph the cache had)
     try:
         with report.stage("aot"):
@@ -140,7 +142,7 @@ def _compile_to_kernels(aten_gm, example_inputs, options, fx_gm, inference):
     debug.log_output_code(next((c.library_name for c in compiled if c.library_name), None), source, wrapper_source)
     report.graph_compiled(aten_gm=aten_gm, graph=graph, program=program, source=source,
                           wrapper_source=wrapper_source)
-    if options.get("triton.cudagraphs") and inference:  # mode="reduce-overhead"
+    if options.get("triton.cudagraphs"):  # mode="reduce-overhead" (training: forward and backward each)
         from kiln.compiler import cudagraphs
         fn = cudagraphs.wrap(fn, program, compiled, example_inputs)
     if options.get("trace.enabled"):

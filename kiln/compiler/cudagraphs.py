@@ -8,10 +8,12 @@ back as outputs and the aot runner writes them back, outside the CUDA graph):
 - the first call of a signature runs the function as it is (a warm-up: Triton compiles its kernels,
   libraries make their handles); the second records; later ones replay;
 - inputs are copied into the recording's static buffers before each replay, except *static* inputs
-  (parameters and buffers of the module), which the graph reads in place: when one of those is a
-  different tensor than at recording (its memory moved), the signature is recorded again;
+  (module parameters: those given, and every nn.Parameter of the recorded call), which the graph
+  reads in place: when one of those is in other memory than at recording (a new tensor), the
+  signature is recorded again;
 - outputs are copies of the static output buffers, so a later replay never changes a result the
-  caller holds;
+  caller holds; an output that is a static input itself (a training forward returns the weights it
+  saves for the backward) is that input, so the backward's recording finds it in place;
 - all recordings share one private memory pool.
 A guard failure in capture picks another compiled entry, with its own runner: a graph is never
 replayed for inputs its guards did not pass.
@@ -50,6 +52,8 @@ class Recording:
     replay: object
     static_inputs: list   # per input: the tensor the graph reads (a static buffer or the static input itself)
     outputs: tuple
+    read_in_place: frozenset  # the positions of static inputs
+    passed_through: dict      # output position -> the position of the static input it is
 
 
 def blocker(program, compiled=()):
@@ -100,11 +104,14 @@ class CudaGraphRunner:
             return self.fn(*args)
         return self.replay(recording, args)
 
-    def static_inputs_moved(self, recording, args):
-        return any(recording.static_inputs[i] is not args[i] for i in self.static_positions if i < len(args))
+    @staticmethod
+    def static_inputs_moved(recording, args):
+        return any(recording.static_inputs[i].data_ptr() != args[i].data_ptr() for i in recording.read_in_place)
 
     def record(self, key, args):
-        static_inputs = [a if i in self.static_positions or not isinstance(a, torch.Tensor) else _like(a)
+        in_place = self.static_positions | {i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)}
+        in_place = frozenset(i for i in in_place if i < len(args) and isinstance(args[i], torch.Tensor))
+        static_inputs = [a if i in in_place or not isinstance(a, torch.Tensor) else _like(a)
                          for i, a in enumerate(args)]
         for static, a in zip(static_inputs, args):
             if static is not a:
@@ -117,17 +124,20 @@ class CudaGraphRunner:
             log("perf_hints", "recording a CUDA graph raised %s: %s; the graph runs without one", type(e).__name__, e)
             self.failed.add(key)
             return None
-        recording = Recording(replay, static_inputs, tuple(outputs))
+        passed = {k: i for k, out in enumerate(outputs) for i in in_place if out is static_inputs[i]}
+        recording = Recording(replay, static_inputs, tuple(outputs), in_place, passed)
         self.recordings[key] = recording
         return recording
 
     @staticmethod
     def replay(recording, args):
-        for static, a in zip(recording.static_inputs, args):
-            if static is not a and isinstance(a, torch.Tensor):
+        for i, (static, a) in enumerate(zip(recording.static_inputs, args)):
+            if i not in recording.read_in_place and isinstance(a, torch.Tensor):
                 static.copy_(a)
         recording.replay()
-        return tuple(pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recording.outputs))
+        return tuple(args[recording.passed_through[k]] if k in recording.passed_through else
+                     pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+                     for k, out in enumerate(recording.outputs))
 
 
 def _like(t):

@@ -31,13 +31,13 @@ import importlib
 import io
 import json
 import operator
-import pathlib
 import sys
 import types
 
 import torch
 import torch.utils._pytree as pytree
 
+from kiln import sources_digest
 from kiln.compiler import build
 from kiln.debug.logs import log
 
@@ -81,6 +81,12 @@ class Lookup:
             log("perf_hints", "graph not kept in the graph cache: %s", e)
             return
         try:
+            check_plain(entry)
+        except Uncacheable as e:
+            stats.uncacheable += 1
+            log("perf_hints", "graph not kept in the graph cache: %s", e)
+            return
+        try:
             build._write_atomically(_entry_path(self.key), _seal(entry))
         except OSError as e:  # a full disk costs the next process a compile, not this one its graph
             log("perf_hints", "graph cache entry not written (%s)", e)
@@ -93,7 +99,7 @@ _OFF = Lookup(None)
 
 def lookup(gm, example_inputs, options):
     """The cached runner for `gm` compiled for `example_inputs` (Lookup.runner), or a Lookup to store into."""
-    if not options.get("graph_cache", True) or options.get("trace.enabled") or options.get("debug"):
+    if not enabled(options):
         return _OFF
     try:
         key = graph_key(gm, example_inputs, options)
@@ -117,19 +123,98 @@ def lookup(gm, example_inputs, options):
     return found
 
 
+def enabled(options):
+    """Whether compiled graphs are kept on disk under these compiler options (a trace or the debug
+    checks want the compile itself)."""
+    return options.get("graph_cache", True) and not options.get("trace.enabled") and not options.get("debug")
+
+
 # ---- the key ------------------------------------------------------------------------------------
 def graph_key(gm, example_inputs, options):
     module_tensors = _module_tensors(gm)
+    symbolic = symbolic_inputs(gm)
     parts = {
         "format": FORMAT,
-        "versions": [torch.__version__, list(sys.version_info[:2]), _compiler_sources_hash()],
+        "versions": [torch.__version__, list(sys.version_info[:2]), sources_digest.digest("compiler")],
         "modes": _global_modes(),
         "options": [[k, _literal(v, f"option {k}")] for k, v in sorted(options.items())],
         "code": gm.code,
-        "nodes": [_node_key(gm, node, module_tensors) for node in gm.graph.nodes],
-        "inputs": _inputs_key(list(example_inputs), module_tensors),
+        "nodes": [_node_key(gm, node, module_tensors, symbolic is not None) for node in gm.graph.nodes],
+        "inputs": _inputs_key(list(example_inputs), module_tensors, symbolic),
     }
+    if symbolic is not None:  # the compiled code may rely on any fact the guards proved about the sizes
+        parts["size_facts"] = size_facts(gm)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+# ---- graphs with symbolic sizes -------------------------------------------------------------------
+# Their key holds each placeholder's symbolic description (sizes and strides as expressions over s0,
+# s1, ...) instead of the example inputs' sizes, and what the ShapeEnv knew when the graph was handed
+# over (guards, ranges, replacements). Capture records both on the graph (placeholder meta
+# "kiln_input", gm.meta "kiln_size_facts") when it stores a frame, so a process that rebuilds the
+# graph from disk, without fake tensors or a ShapeEnv, computes the same key.
+def symbolic_inputs(gm):
+    """Each placeholder's description when any has symbolic sizes (or came from disk with them); None
+    for a static graph."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    stored = [p.meta.get("kiln_input") for p in placeholders]
+    if all(d is not None for d in stored) and stored:
+        return stored
+    values = [p.meta.get("example_value") for p in placeholders]
+    if not any(_is_symbolic(v) for v in values):
+        return None
+    return [describe_input(v) for v in values]
+
+
+def describe_input(value):
+    """A placeholder's fake value as JSON-able lists of strings: symbolic sizes by expression."""
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided or type(value).__name__ not in ("FakeTensor", "Tensor", "Parameter"):
+            raise Uncacheable(f"a graph input is a {type(value).__name__} ({value.layout})")
+        return ["tensor", str(value.dtype), str(value.device), [str(s) for s in value.shape],
+                [str(s) for s in value.stride()], str(value.storage_offset()), bool(value.requires_grad)]
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return [type(value).__name__, str(value.node.expr)]
+    if isinstance(value, (bool, int)):
+        return ["value", value]
+    raise Uncacheable(f"a graph input is a {type(value).__name__}")
+
+
+def size_facts(gm):
+    """What the graph's ShapeEnv knew about its sizes, as sorted text (recorded on gm.meta the first
+    time, so a later compile that adds guards does not change the graph's key)."""
+    facts = gm.meta.get("kiln_size_facts")
+    if facts is None:
+        env = _shape_env(gm)
+        if env is None:
+            raise Uncacheable("a graph with symbolic sizes has no ShapeEnv")
+        facts = gm.meta["kiln_size_facts"] = [
+            sorted(str(g.expr) for g in env.guards),
+            sorted(f"{k}: {v}" for k, v in env.var_to_range.items()),
+            sorted(f"{k} = {v}" for k, v in env.replacements.items()),
+            sorted(str(k) for k in env.divisible)]
+    return facts
+
+
+def _shape_env(gm):
+    for p in gm.graph.find_nodes(op="placeholder"):
+        value = p.meta.get("example_value")
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return value.node.shape_env
+        env = getattr(getattr(value, "fake_mode", None), "shape_env", None)
+        if env is not None and _is_symbolic(value):
+            return env
+    return None
+
+
+def needs_a_hit(gm):
+    """Whether `gm` came from disk with symbolic sizes: it has no fake values to trace with, so only a
+    compiled graph from the cache may serve it (a compile would specialize it to the call's sizes)."""
+    return bool(gm.meta.get("kiln_from_disk_symbolic"))
+
+
+class NotCached(Exception):
+    """A graph from disk with symbolic sizes whose compiled form is not in the cache."""
 
 
 def _global_modes():
@@ -140,16 +225,6 @@ def _global_modes():
             [[torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))] for d in ("cpu", "cuda")]]
 
 
-@functools.lru_cache(maxsize=None)
-def _compiler_sources_hash():
-    """kiln's compiler, as source text: a changed lowering or codegen never reuses an old entry."""
-    h = hashlib.sha256()
-    root = pathlib.Path(__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def _module_tensors(gm):
     """{id(tensor): qualified name} of the parameters and buffers of `gm` (all names, shared ones too)."""
     named = {}
@@ -158,7 +233,7 @@ def _module_tensors(gm):
     return named
 
 
-def _node_key(gm, node, module_tensors):
+def _node_key(gm, node, module_tensors, symbolic):
     if node.op == "call_module":
         raise Uncacheable(f"node {node.name} calls submodule {node.target!r}")
     if node.op == "get_attr":
@@ -170,9 +245,22 @@ def _node_key(gm, node, module_tensors):
         target = _callable_name(node.target, _LIBRARY_MODULES)
     else:
         target = node.target  # placeholder/output names, method names
-    if "example_value" in node.meta and _is_symbolic(node.meta["example_value"]):
-        raise Uncacheable("the graph has symbolic sizes")
+    if not symbolic and "example_value" in node.meta and _is_symbolic(node.meta["example_value"]):
+        raise Uncacheable("the graph has sizes read from tensor data")
     return [node.op, node.name, target, _literal((node.args, node.kwargs), f"an argument of {node.name}")]
+
+
+def check_plain(value, where="the entry"):
+    """Uncacheable unless `value` is JSON made of plain values (no SymInt or sympy expression hiding
+    in the runner's metadata or the kernels' descriptions: they would not mean the same on load)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_plain(v, k)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_plain(v, where)
+    elif not (value is None or type(value) in (bool, int, str) or type(value) is float):
+        raise Uncacheable(f"{where} holds a {type(value).__name__}")
 
 
 def _literal(value, what):
@@ -198,7 +286,10 @@ def _literal(value, what):
     raise Uncacheable(f"{what} is a {type(value).__name__}")
 
 
-def _inputs_key(example_inputs, module_tensors):
+def _inputs_key(example_inputs, module_tensors, symbolic):
+    """The inputs' metadata; with symbolic sizes, their descriptions and what is not in them."""
+    if symbolic is not None and len(symbolic) != len(example_inputs):
+        raise Uncacheable("the example inputs do not match the graph's placeholders")
     owners = {}  # storage -> first input sharing it: aliasing decides what aot may do
     out = []
     for i, x in enumerate(example_inputs):
@@ -206,7 +297,10 @@ def _inputs_key(example_inputs, module_tensors):
             if _is_symbolic(x) or x.layout is not torch.strided or type(x) not in (torch.Tensor, torch.nn.Parameter):
                 raise Uncacheable(f"input {i} is a {type(x).__name__} ({x.layout})")
             shares = owners.setdefault(x.untyped_storage().data_ptr(), i)
-            out.append(["tensor", type(x).__name__, _tensor_meta(x), shares, x.is_conj(), x.is_neg()])
+            meta = _tensor_meta(x) if symbolic is None else symbolic[i]
+            out.append(["tensor", type(x).__name__, meta, shares, x.is_conj(), x.is_neg()])
+        elif symbolic is not None:
+            out.append(["scalar", symbolic[i]])
         elif isinstance(x, (bool, int, float)) and not isinstance(x, torch.SymInt):
             out.append(["scalar", _literal(x, f"input {i}")])
         else:
@@ -251,6 +345,19 @@ def _resolve(module, path):
 
 # ---- describing a compiled graph ------------------------------------------------------------------
 def _describe(found, aten, flat_fn):
+    module_tensors = _module_tensors(found.gm)
+    return {
+        "format": FORMAT, "key": found.key,
+        **describe_compiled(flat_fn, module_tensors, input_storages(found.gm, found.example_inputs)),
+        "runner": _runner_metadata(aten, module_tensors),
+    }
+
+
+def describe_compiled(flat_fn, module_tensors, storages):
+    """The JSON-able form of a compiled aten graph (compile_aten's callable): its library's build
+    recipe, its wrapper's source and each global the wrapper reads. `module_tensors`: {id: attribute
+    path} of the tensors read through the fx graph; `storages`: the input tensors' storages, which no
+    baked constant may share. Uncacheable when any of it cannot be described."""
     wrapper_source = getattr(flat_fn, "kiln_wrapper", "")
     if not wrapper_source or "<whole graph>" in flat_fn.kiln_fallbacks or \
             getattr(flat_fn, "__code__", None) is None or flat_fn.__code__.co_name != "kiln_graph":
@@ -258,8 +365,6 @@ def _describe(found, aten, flat_fn):
     code = flat_fn.__code__
     if flat_fn.__closure__ or _compiled_wrapper(wrapper_source).co_code != code.co_code:
         raise Uncacheable("the wrapper function is not its source alone")
-    module_tensors = _module_tensors(found.gm)
-    storages = {t.untyped_storage().data_ptr() for t in _all_tensors(found.gm, found.example_inputs)}
     library = None
     described = {}
     for name in sorted(_global_names(code)):
@@ -272,11 +377,9 @@ def _describe(found, aten, flat_fn):
             library = _same_library(library, value, name)
         described[name] = desc
     return {
-        "format": FORMAT, "key": found.key,
         "library": library,
         "wrapper": wrapper_source,
         "globals": described,
-        "runner": _runner_metadata(aten, module_tensors),
         "inspect": {"kernels": [dataclasses.asdict(k) for k in flat_fn.kiln_kernels],
                     "fallbacks": list(flat_fn.kiln_fallbacks)},
     }
@@ -296,8 +399,10 @@ def _global_names(code):
     return names
 
 
-def _all_tensors(gm, example_inputs):
-    return [*gm.parameters(), *gm.buffers(), *(x for x in example_inputs if isinstance(x, torch.Tensor))]
+def input_storages(gm, example_inputs):
+    """The storages of the graph's parameters, buffers and tensor inputs (data pointers)."""
+    return {t.untyped_storage().data_ptr()
+            for t in (*gm.parameters(), *gm.buffers(), *(x for x in example_inputs if isinstance(x, torch.Tensor)))}
 
 
 def _describe_value(value, name, module_tensors, storages):
@@ -381,6 +486,24 @@ def _runner_metadata(aten, module_tensors):
 # ---- loading --------------------------------------------------------------------------------------
 def _load(entry, gm, example_inputs, options):
     from kiln.compiler import runner as graph_runner
+
+    flat_fn = load_compiled(entry, gm)
+    meta = entry["runner"]
+    aten = graph_runner.AtenGraph(
+        gm=None, num_user_outputs=meta["num_user_outputs"], mutated_inputs=meta["mutated_inputs"],
+        out_spec=pytree.treespec_loads(meta["out_spec"]),
+        mutated_attrs=[operator.attrgetter(path)(gm) for path in meta["mutated_attrs"]],
+        output_aliases=[graph_runner.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
+                        for k, i, view in meta["output_aliases"]],
+        output_views=[graph_runner.OutputView(k, base, tuples(view), tuples(base_layout))
+                      for k, base, view, base_layout in meta["output_views"]])
+    runner = graph_runner.make_runner(aten, flat_fn)
+    runner.kiln_aten = _AtenOnDemand(gm, [_placeholder_like(x) for x in example_inputs], options)
+    return runner
+
+
+def load_compiled(entry, gm):
+    """The callable `describe_compiled` described (module tensors read from `gm`)."""
     from kiln.compiler.debug import KernelInfo, log_output_code
 
     library = entry["library"]
@@ -395,23 +518,12 @@ def _load(entry, gm, example_inputs, options):
     flat_fn.kiln_wrapper = entry["wrapper"]
     flat_fn.kiln_fallbacks = list(entry["inspect"]["fallbacks"])
     log_output_code(getattr(lib, "_name", None), flat_fn.kiln_source, flat_fn.kiln_wrapper)
-    meta = entry["runner"]
-    aten = graph_runner.AtenGraph(
-        gm=None, num_user_outputs=meta["num_user_outputs"], mutated_inputs=meta["mutated_inputs"],
-        out_spec=pytree.treespec_loads(meta["out_spec"]),
-        mutated_attrs=[operator.attrgetter(path)(gm) for path in meta["mutated_attrs"]],
-        output_aliases=[graph_runner.OutputAlias(k, i, None if view is None else (tuple(view[0]), tuple(view[1]), view[2]))
-                        for k, i, view in meta["output_aliases"]],
-        output_views=[graph_runner.OutputView(k, base, _tuples(view), _tuples(base_layout))
-                      for k, base, view, base_layout in meta["output_views"]])
-    runner = graph_runner.make_runner(aten, flat_fn)
-    runner.kiln_aten = _AtenOnDemand(gm, [_placeholder_like(x) for x in example_inputs], options)
-    return runner
+    return flat_fn
 
 
-def _tuples(value):
+def tuples(value):
     """JSON lists back to the nested tuples aot's layouts are."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+    return tuple(tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _rebuild(desc, gm, lib):

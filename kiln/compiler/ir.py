@@ -279,7 +279,9 @@ class Pointwise:
     inner_fn: Callable  # index -> Expr
 
 
-REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "window_argmax")
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "window_argmax", "welford_m2")
+# welford_m2: the sum of squared deviations from the row's own mean in one pass over the row (Welford's
+# update), lowered only for devices whose backend says `one_pass_variance` (the others get two passes)
 # reductions whose result is a position in the reduction loop. window_argmax is max pooling's:
 # the first value above every earlier one (from -inf), or the last NaN; -1 when none is
 ARG_REDUCTIONS = ("argmax", "argmin", "window_argmax")

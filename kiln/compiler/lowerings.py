@@ -718,7 +718,9 @@ def any_all(ctx, x, dims=None, keepdim=False):
 
 
 def var_and_mean(ctx, x, dims, correction, keepdim, dtype):
-    """Two-pass variance (numerically stable): mean first, then the mean of squared deviations."""
+    """Numerically stable variance: the mean first, then the sum of squared deviations from it (two
+    passes), or, where the device's backend has one (`one_pass_variance`), both in one pass over the
+    rows (welford_m2: Welford's update)."""
     compute = calc_dtype(dtype)
     n = ir.sympy_product(x.sizes[d] for d in dims)
     mean_kept = divide_by(ctx, reduction(ctx, x, dims, True, "sum", compute), n, compute)
@@ -726,7 +728,11 @@ def var_and_mean(ctx, x, dims, correction, keepdim, dtype):
     def squared_deviation(value, full):
         dev = op("sub", cast(value, compute), mean_kept.loader(keepdim_index(full, dims)))
         return op("mul", dev, dev)
-    sq = reduction(ctx, x, dims, keepdim, "sum", compute, value_fn=squared_deviation)
+    backend = ctx.backends.for_device(ctx.device)
+    if backend is not None and backend.one_pass_variance:
+        sq = reduction(ctx, x, dims, keepdim, "welford_m2", compute)
+    else:
+        sq = reduction(ctx, x, dims, keepdim, "sum", compute, value_fn=squared_deviation)
     if ir.is_symbolic(n):
         if correction != int(correction):
             raise Fallback("a fractional correction over a symbolic count")

@@ -65,6 +65,7 @@ print("{mark}" + json.dumps({{
     "captures": capture_cache.stats.captures, "loads": capture_cache.stats.loads,
     "stores": capture_cache.stats.stores, "stale": capture_cache.stats.stale,
     "graph_hits": graph_cache.stats.hits, "graph_misses": graph_cache.stats.misses,
+    "graph_stores": graph_cache.stats.stores,
     "imported_capture": "kiln.capture.convert" in sys.modules,
     "imported_aot": "kiln.compiler.aot" in sys.modules}}))
 '''
@@ -155,13 +156,14 @@ def test_a_damaged_entry_is_captured_again(tmp_path, cold_cache, damage):
         assert warm["stale"] == 2, warm
 
 
-def test_training_step_skips_capture(tmp_path):
-    """A training graph: the warm process loads the capture entry (forward and backward still compile:
-    the graph cache keeps inference graphs only); gradients match eager."""
+def test_training_step_captures_and_compiles_nothing(tmp_path):
+    """A training graph: the warm process loads the capture entry and the compiled forward and
+    backward (no joint trace, partition or codegen: aot is never imported); gradients match eager."""
     cold, _ = _run(tmp_path, train="True")
-    assert cold["stores"] == 1, cold
+    assert cold["stores"] == 1 and cold["graph_stores"] == 1, cold
     warm, _ = _run(tmp_path, train="True")
     assert warm["captures"] == 0 and warm["loads"] == 1, warm
+    assert warm["graph_hits"] == 1 and warm["graph_misses"] == 0 and not warm["imported_aot"], warm
 
 
 def test_an_entry_checking_a_live_function_by_identity_is_not_stored(tmp_path):
@@ -171,3 +173,16 @@ def test_an_entry_checking_a_live_function_by_identity_is_not_stored(tmp_path):
     assert cold["stores"] == 0 and cold["captures"] == 2, cold
     warm, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
     assert warm["captures"] == 2 and warm["loads"] == 0, warm
+
+
+def test_a_saved_cache_loads_into_an_empty_one(tmp_path, cold_cache, monkeypatch):
+    """kiln.cache.save in one place, kiln.cache.load into a process with an empty cache: it runs no
+    capture and no compile."""
+    import kiln
+    monkeypatch.setenv("KILN_CACHE_DIR", str(cold_cache))
+    pack = tmp_path / "pack"
+    assert kiln.cache.save(pack) >= 4  # two capture entries, two graphs, their libraries
+    assert not list(pack.rglob("*.lock"))
+    warm, _ = _run(tmp_path, prelude=f"print('loaded', kiln.cache.load({str(pack)!r}))")
+    assert warm["captures"] == 0 and warm["loads"] == 2, warm
+    assert warm["graph_hits"] == 2 and warm["graph_misses"] == 0, warm

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.compiler.training import compile_training
+from kiln.compiler.grad_modes import compile_training
 from kiln.config import compiler_options
 
 INNERS = ["eager", "cpp"]

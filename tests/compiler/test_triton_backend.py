@@ -7,6 +7,7 @@ no backend runs through aten. The Triton backend runs here under Triton's interp
 the oracle, and each test checks the graph really ran as Triton kernels (no whole-graph fallback).
 """
 import contextlib
+import json
 
 import pytest
 import torch
@@ -198,6 +199,21 @@ def test_integer_division_and_remainder_floor_like_eager(interpreter):
     run_triton(lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")), a, b)
 
 
+def test_negation_keeps_the_sign_of_zero(interpreter):
+    x = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), float("nan")])
+    got = run_triton(lambda x: (-x, torch.neg(x * 2), -x.double()), x)
+    real = ~x.isnan()  # (a NaN's sign bit means nothing)
+    for g in (got[0], got[2]):
+        assert torch.equal(g[real].signbit(), (-x)[real].signbit())
+
+
+def test_integer_powers_by_squaring_wrap_as_eager(interpreter):
+    a = torch.arange(-6, 7)
+    fn = lambda a: (a ** 0, a ** 1, a ** 3, (a + 2) ** 7, a.to(torch.int32) ** 5, a.to(torch.uint8) ** 3,  # noqa: E731
+                    (a * 1000) ** 9)
+    run_triton(fn, a)
+
+
 def test_symbolic_sizes_are_kernel_arguments(interpreter):
     fn = lambda x: torch.softmax(x * 2, -1).sum(0)  # noqa: E731
     kiln.reset()
@@ -206,6 +222,39 @@ def test_symbolic_sizes_are_kernel_arguments(interpreter):
         x = torch.randn(rows, cols)
         with no_whole_graph_fallback():
             torch.testing.assert_close(compiled(x), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_variance_and_norms_read_a_long_row_once(interpreter, dtype):
+    # rows past one block: mean and variance in one loop over the row (Welford's update, lanes
+    # combined at the end), then one loop to normalize; far from 0 the naive sum of squares would
+    # cancel; short rows (in registers), a correction and odd lengths too
+    long, short = (torch.randn(2, 1100) * 3 + 1000).to(dtype), torch.randn(3, 77).to(dtype)
+    norm = torch.nn.LayerNorm(1100, dtype=dtype)
+
+    def fn(long, short):
+        return (norm(long), torch.var_mean(long, -1, correction=0), long.std(-1), torch.var(short, -1),
+                torch.nn.functional.layer_norm(short, (77,)))
+    # (float32 at 1000 +- 3: eager's own error against float64 is 1.4e-5, and C++ kiln's 5e-5)
+    tolerance = {torch.bfloat16: dict(atol=5e-2, rtol=5e-2), torch.float32: dict(atol=1e-4, rtol=1e-4)}.get(dtype, {})
+    run_triton(fn, long, short, **tolerance)
+    source = triton_source(lambda x: torch.nn.functional.layer_norm(x, (1100,)), long).kiln_source
+    assert "kiln_welford_combine" in source and source.count("for roffset") == 2
+
+
+def test_float64_square_roots(interpreter):
+    # Triton's correctly rounded sqrt_rn is float32's only: float64 takes sqrt (exact on GPUs too)
+    x = torch.rand(64, dtype=torch.float64) + 0.5
+    run_triton(lambda x: (x.sqrt(), x.rsqrt() * 3, 1 / x), x)
+
+
+def test_reductions_over_empty_rows_read_no_memory(interpreter):
+    # a row of no elements reads nothing, not even a value it would broadcast over the row (the
+    # interpreter loads real addresses: reading past an empty buffer crashed it)
+    e, x = torch.empty(4, 0), torch.randn(4, 3)
+    fn = lambda e, x: ((e * 2).sum(), e.sum(1), e.prod(1), (e > 0).any(1),  # noqa: E731
+                       torch.cumsum(e.reshape(0), 0).sum(), x + e.sum(1, keepdim=True))
+    run_triton(fn, e, x)
 
 
 def test_scans_walk_in_order_as_eager(interpreter):
@@ -228,10 +277,39 @@ def test_scatters_write_in_eager_order_and_check_positions(interpreter):
         kiln.compile(lambda x, i: x.scatter_add(1, i, x[:, :2]), options=TRITON)(x, torch.tensor([[0, 9]] * 5))
 
 
-def test_what_triton_cannot_emit_runs_through_aten(interpreter):
-    # a float floor division has no Triton kernel yet: the graph runs through aten, with eager's answer
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_float_floor_division_and_remainder_as_eager(interpreter, dtype):
+    # signed zeros, a zero divisor (inf, NaN), infinities, quotients that round near an integer
+    a = torch.tensor([7.5, -7.5, 7.5, -7.5, 0.0, -0.0, 1.0, -1.0, 0.0, float("inf"), 3.0, 1e30, -1e-30,
+                      0.3, -0.3, 5.0, float("nan"), 2.0])
+    b = torch.tensor([2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 0.0, 0.0, 2.0, float("inf"), 3.0, 7.0,
+                      0.1, 0.1, -float("inf"), 1.0, -0.0])
+    a, b = a.to(dtype).repeat(3), b.to(dtype).repeat(3)
+    fn = lambda a, b: (a // b, a % b, torch.remainder(a * 3, 0.7), (a + 1) // 0.7, 2.5 // b,  # noqa: E731
+                       torch.fmod(torch.tensor(5.0, dtype=a.dtype), b))
+    got = run_triton(fn, a, b)
+    expected = fn(a, b)
+    for g, e in zip(got, expected):  # the signs of zeros too
+        assert torch.equal(torch.signbit(g[g == 0]), torch.signbit(e[e == 0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_scatters_round_each_step_as_eager(interpreter, dtype):
+    # many adds into one element: each sum rounded to the half dtype, in eager's order
+    x, i = torch.randn(4, 6).to(dtype), torch.tensor([[0, 2, 2, 2, 2, 1, 2, 2]])
+    src = (torch.randn(4, 8) * 100).to(dtype)
+    fn = lambda x, i, s: (x.scatter_add(1, i.expand(4, 8), s), x.scatter(1, i[:, :3].expand(4, 3), s[:, :3] / 3),  # noqa: E731
+                          x.scatter_reduce(1, i.expand(4, 8), s, "amax", include_self=False),
+                          x.index_put((torch.tensor([3, 0, 3]),), s[:3, :6], accumulate=True))
+    run_triton(fn, x, i, src, atol=0, rtol=0)
+
+
+def test_what_triton_cannot_emit_runs_through_aten(interpreter, monkeypatch):
+    # an op the Triton printer refuses sends its graph through aten, with eager's answer
+    from kiln.compiler.codegen import triton_exprs
+    monkeypatch.delitem(triton_exprs.CORE_UNARY, "sin")
     x = torch.randn(5, 9)
-    fn = lambda x: (x * 3) // 0.7  # noqa: E731
+    fn = lambda x: (x * 3).sin()  # noqa: E731
     compiled = compile_fx(torch.fx.symbolic_trace(fn), [x], compiler_options(options=TRITON))
     torch.testing.assert_close(compiled(x), fn(x))
     assert "<whole graph>" in compiled.kiln_fallbacks
@@ -269,3 +347,67 @@ def test_device_backend_from_the_environment(monkeypatch):
         monkeypatch.setenv("KILN_DEVICE_BACKEND", wrong)
         with pytest.raises(kiln.InvalidArgument):
             compiler_options()
+
+
+# ---- max_autotune: block configs benchmarked, the fastest kept on disk ------------------------
+
+def test_autotune_candidates_keep_what_the_kernel_source_assumes():
+    from kiln.compiler.codegen.triton_autotune import Config, candidates
+    persistent = candidates(Config(4, 256, 4), "persistent")
+    assert persistent[0] == Config(4, 256, 4) and len(persistent) > 3
+    assert {c.rblock for c in persistent} == {256}  # a persistent row is one block
+    looped = candidates(Config(8, 512, 8), "looped")
+    assert len({c.rblock for c in looped}) > 2 and all(c.xblock * c.rblock <= 8192 for c in looped)
+    small = candidates(Config(8, 1, 1), "pointwise", numel=5)
+    assert all(c.xblock <= 8 for c in small[1:]) and all(c.num_warps * 32 <= max(32, c.xblock) for c in small[1:])
+
+
+class FakeTimer:
+    """Times a config by a made-up cost (the fewest elements per block wins), running the first
+    launch it times (one that broke its arguments would show; the interpreter is too slow for
+    all); counts what it timed."""
+
+    def __init__(self):
+        self.timed = []
+
+    def __call__(self, launch, config):
+        if not self.timed:
+            launch()
+        self.timed.append(config)
+        return config.xblock * config.rblock + config.num_warps / 16
+
+
+def test_max_autotune_picks_the_fastest_config_and_keeps_it_on_disk(interpreter, monkeypatch, tmp_path):
+    from kiln.compiler.codegen import triton_autotune
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    timer = FakeTimer()
+    monkeypatch.setattr(triton_autotune, "timer", timer)
+    for name, values in (("LOOPED_RBLOCKS", (64, 1024)), ("POINTWISE_XBLOCKS", (128,)), ("WARPS", (4,))):
+        monkeypatch.setattr(triton_autotune, name, values)  # few candidates: the interpreter is slow
+
+    def fn(x, y):
+        y.add_(1)  # a mutated input: benchmarks run on copies, so it is added to once
+        return (x * 2).softmax(-1), x.sum(-1), (x + y).cos()
+    x, y = torch.randn(2, 1100), torch.randn(2, 1100)  # rows longer than one block: a looped reduction
+    options = dict(TRITON, max_autotune=True)
+
+    def run():
+        kiln.reset()
+        y_eager, y_kiln = y.clone(), y.clone()
+        expected = fn(x, y_eager)
+        with no_whole_graph_fallback():
+            got = kiln.compile(fn, options=options)(x, y_kiln)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(y_kiln, y_eager)
+    run()
+    assert {c.rblock for c in timer.timed} >= {64, 512, 1024}  # the heuristic's and the candidates' RBLOCKs
+    files = list((tmp_path / "autotune").iterdir())
+    chosen = {triton_autotune.Config(**json.loads(f.read_text())["config"]) for f in files}
+    assert triton_autotune.Config(2, 64, 4) in chosen  # the looped rows' cheapest (by the fake's costs)
+    timer.timed.clear()
+    run()  # a new compile finds every choice on disk
+    assert timer.timed == []
+    for f in files:
+        f.write_text("{damaged")
+    run()  # a damaged entry is benchmarked again, never trusted
+    assert timer.timed

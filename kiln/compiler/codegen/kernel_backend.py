@@ -14,6 +14,7 @@ class BackendUnsupported(Exception):
 class KernelBackend:
     """What the compiler asks of a device's kernel backend."""
     name = ""
+    one_pass_variance = False  # whether its kernels compute welford_m2 reductions (ir.REDUCTION_TYPES)
 
     def reaches(self, device) -> bool:
         """Whether this backend's kernels may touch memory of `device` here (installed, enabled)."""

@@ -4,6 +4,7 @@
 imported; the wrapper launches each with the tensors it touches and the sizes it needs."""
 import hashlib
 import importlib.util
+import re
 import sys
 
 import sympy
@@ -27,6 +28,7 @@ def triton_installed():
 
 class TritonBackend(KernelBackend):
     name = "triton"
+    one_pass_variance = True  # a looped row is read once for its mean and variance, not twice
 
     def reaches(self, device):
         if not triton_installed():
@@ -50,13 +52,46 @@ class TritonBackend(KernelBackend):
         source = MODULE_HEADER + PRELUDE + "\n\n" + "\n\n".join(k.source for k in written)
         module = load_module(source)
 
+        tuner = autotuner(source, written) if options.get("max_autotune") else None
+
         def emit_call(src, entry, float_names):
-            launch(src, module, entry)
+            launch(src, module, entry, tuner)
         return CompiledKernels(self.name, written, source, emit_call, module.__file__)
 
 
-def launch(src, module, entry):
-    """The wrapper's lines launching a kernel's functions, each over cdiv(numel, XBLOCK) programs."""
+def autotuner(source, written):
+    """(module, TritonKernel, Launch) -> the AutotunedLaunch the wrapper calls in its place
+    (max_autotune). A choice is keyed by the kernel's own text (its functions' names left out: they
+    count kernels in a graph), the helpers, the device and Triton's version."""
+    import triton
+    from kiln.compiler.build import cache_dir
+    from kiln.compiler.codegen import triton_autotune
+    device = "interpreter" if interpreting() else _cuda_device_name(written)
+    common = f"{_digest(PRELUDE)}|{device}|triton {triton.__version__}"
+    cache = triton_autotune.DiskCache(str(cache_dir() / "autotune"))
+
+    def tuned(module, kernel, step):
+        default = triton_autotune.Config(step.xblock, step.rblock, step.num_warps)
+        text = re.sub(r"^def \w+\(", "def kernel(", kernel.source, flags=re.M)
+        identity = f"{_digest(text)}|{common}|launch {kernel.launches.index(step)}"
+        return triton_autotune.AutotunedLaunch(getattr(module, step.name), step.name, default, step.kind, identity,
+                                               cache, triton_autotune.timer)
+    return tuned
+
+
+def _digest(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cuda_device_name(written):
+    import torch
+    device = next((k.device for k in written if k.device is not None and k.device.type == "cuda"), None)
+    return torch.cuda.get_device_name(device) if device is not None else "cpu"
+
+
+def launch(src, module, entry, tuner=None):
+    """The wrapper's lines launching a kernel's functions, each over cdiv(numel, XBLOCK) programs
+    (with `tuner`, through an AutotunedLaunch that picks the blocks)."""
     from kiln.compiler.wrapper import pyexpr, raise_failed_check
     if entry.checks:  # a failed index check stores (code, -, bound) here
         device = src.constant(entry.device, "device")
@@ -65,11 +100,14 @@ def launch(src, module, entry):
         numel, rnumel = sympy.sympify(step.numel), sympy.sympify(step.rnumel)
         if numel == 0:
             continue
-        grid = pyexpr(sympy.ceiling(numel / step.xblock)) if numel.is_number else \
-            f"(({pyexpr(numel)}) + {step.xblock - 1}) // {step.xblock}"
         args = ["err"] * bool(entry.checks) + entry.args + entry.sizes + [pyexpr(numel), pyexpr(rnumel)]
-        call = (f"{src.constant(getattr(module, step.name), 'triton_')}[({grid},)]({', '.join(args)}, "
-                f"XBLOCK={step.xblock}, RBLOCK={step.rblock}, num_warps={step.num_warps})")
+        if tuner is not None:
+            call = f"{src.constant(tuner(module, entry, step), 'tuned_')}({pyexpr(numel)}, {pyexpr(rnumel)}, {', '.join(args)})"
+        else:
+            grid = pyexpr(sympy.ceiling(numel / step.xblock)) if numel.is_number else \
+                f"(({pyexpr(numel)}) + {step.xblock - 1}) // {step.xblock}"
+            call = (f"{src.constant(getattr(module, step.name), 'triton_')}[({grid},)]({', '.join(args)}, "
+                    f"XBLOCK={step.xblock}, RBLOCK={step.rblock}, num_warps={step.num_warps})")
         src.line(call if numel.is_number else f"if {pyexpr(numel)} > 0: {call}")
     if entry.checks:
         src.line("err = err.tolist()")

@@ -56,6 +56,10 @@ CORE_UNARY = {"exp": "tl.exp", "log": "tl.log", "sin": "tl.sin", "cos": "tl.cos"
 LIBM_UNARY = ("tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "log10", "log1p",
               "expm1", "erfc", "lgamma", "trunc")
 LIBM_BINARY = ("atan2", "pow")
+# float division ops as eager computes them (ATen's div_floor_floating and remainder); the lowerings
+# write a float trunc division as trunc(a / b)
+FLOAT_DIVISIONS = {"floordiv": "kiln_floordiv_float({0}, {1})", "remainder": "kiln_remainder_float({0}, {1})",
+                   "fmod": "libm.fmod({0}, {1})"}
 BLOCK_SHAPES = {"xmask": "[XBLOCK, 1]", "mask": "[XBLOCK, RBLOCK]"}  # the points each mask covers
 BINARY_OPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
               "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -72,6 +76,7 @@ class TritonPrinter(LoopExprPrinter):
         self.locals = locals_      # buffer name -> variable holding its value at this point
         self.mapping = {}          # node loop var -> kernel loop expression
         self.memo, self.cse = {}, {}
+        self.narrow = True         # a load that does not move with the reduction loads over [XBLOCK, 1]
 
     def temp(self, key, code):
         if key not in self.cse:
@@ -85,10 +90,11 @@ class TritonPrinter(LoopExprPrinter):
 
     def pointer(self, name, index, extra=None):
         """(pointer block, mask) for element `index` of buffer `name`: over [XBLOCK, 1] (with xmask)
-        when the index does not move with the reduction variables, else over the code's points."""
+        when the index does not move with the reduction variables (and `narrow`: rows are not
+        empty, so some point of the row reads it), else over the code's points."""
         e = self.mapped(index, extra)
         names = {s.name[0] for s in e.free_symbols}
-        mask = self.mask if (names - {"x", "s"}) else "xmask"
+        mask = self.mask if (names - {"x", "s"}) or not self.narrow else "xmask"
         return f"{name} + ({tindex(e)} + tl.zeros({BLOCK_SHAPES[mask]}, tl.int32))", mask
 
     def _print(self, e):
@@ -140,10 +146,14 @@ def op_code(e, args):
     if op in ("maximum", "minimum"):
         nan = ", propagate_nan=tl.PropagateNan.ALL" if is_float else ""
         return f"tl.{op}({a}, {args[1]}{nan})"
+    if op in ("sqrt", "rsqrt") and dtype == torch.float64:  # sqrt_rn is float32's; float64's sqrt is exact
+        return f"tl.sqrt({a})" if op == "sqrt" else f"(tl.full([], 1.0, tl.float64) / tl.sqrt({a}))"
     if op in CORE_UNARY and is_float:
         return f"{CORE_UNARY[op]}({a})"
     if op == "abs":
         return f"tl.where({a} < 0, -{a}, {a})"
+    if op == "neg" and is_float:  # Triton's unary minus is 0 - x: -(+0.0) would be +0.0, not eager's -0.0
+        return f"({a} * -1.0)"
     if op in LIBM_UNARY and is_float:
         return f"libm.{op}({a})"
     if op in LIBM_BINARY and is_float:
@@ -156,13 +166,14 @@ def op_code(e, args):
         "sign": "(({0} > 0).to({t}) - ({0} < 0).to({t}))", "bitwise_not": "(~{0})",
         "floordiv": "kiln_floordiv({0}, {1})", "remainder": "kiln_remainder({0}, {1})",
         "truncdiv": "kiln_truncdiv({0}, {1})", "fmod": "kiln_truncmod({0}, {1})",
+        "ipow": "kiln_ipow({0}, {1})",
     }
-    if op in ("floordiv", "remainder", "truncdiv", "fmod") and is_float:
-        if op == "fmod":
-            return f"libm.fmod({a}, {args[1]})"
-        raise BackendUnsupported(f"float {op} in Triton")
-    if op in ("rsqrt", "reciprocal") and dtype == torch.float64:
-        return simple[op].replace("1.0", "tl.full([], 1.0, tl.float64)").format(a)
+    if op in FLOAT_DIVISIONS and is_float:
+        return FLOAT_DIVISIONS[op].format(*args)
+    if op == "truncdiv" and is_float:
+        raise BackendUnsupported("float truncdiv in Triton (never lowered: trunc(a / b))")
+    if op == "reciprocal" and dtype == torch.float64:
+        return f"(tl.full([], 1.0, tl.float64) / {a})"
     if op in simple:
         return simple[op].format(*args, t=tl_type(dtype))
     if op == "cast":
@@ -205,6 +216,37 @@ def kiln_truncdiv(a, b):
 @triton.jit
 def kiln_truncmod(a, b):
     return a - kiln_truncdiv(a, b) * b
+
+
+@triton.jit
+def kiln_floordiv_float(a, b):
+    # eager's: the quotient of a - fmod(a, b), floored and rounded to the nearest integer; a signed 0
+    # where it is 0 (the sign of a / b), and a / b (inf, NaN) where b is 0
+    mod = libm.fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = tl.floor(div)
+    floor = tl.where(div - floor > 0.5, floor + 1, floor)
+    quotient = a / b
+    floor = tl.where(div == 0, quotient * 0.0, floor)
+    return tl.where(b == 0, quotient, floor)
+
+
+@triton.jit
+def kiln_remainder_float(a, b):
+    mod = libm.fmod(a, b)
+    return tl.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
+@triton.jit
+def kiln_ipow(base, exp):
+    # an integer base ** a constant exponent >= 0 (lowerings.pow_), by squaring; wraps as eager's
+    result = base * 0 + 1
+    while exp > 0:
+        result = tl.where((exp & 1) != 0, result * base, result)
+        base = base * base
+        exp = exp >> 1
+    return result
 
 
 @triton.jit
@@ -252,6 +294,23 @@ def kiln_window_argmax_combine(av, ai, bv, bi):
 
 
 @triton.jit
+def kiln_welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    # two partial (mean, sum of squared deviations, count) of one row as one (Chan et al.)
+    n = n_a + n_b
+    w = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
+    delta = mean_b - mean_a
+    return mean_a + delta * w, m2_a + m2_b + delta * delta * n_a * w, n
+
+
+@triton.jit
+def kiln_row_m2(v, mask, n):
+    # a whole row in registers (0 where masked): the sum of squared deviations from its mean
+    mean = tl.sum(v, 1)[:, None] / n
+    d = tl.where(mask, v - mean, 0.0)
+    return tl.sum(d * d, 1)
+
+
+@triton.jit
 def kiln_mul(a, b):
     return a * b
 '''
@@ -264,6 +323,9 @@ REDUCTIONS = {
     "min": ('float("inf")', None, "kiln_min_nan({acc}, {v})", "tl.reduce({acc}, 1, kiln_min_nan)"),
     "any": ("0", "0", "({acc} | {v})", "(tl.max({acc}.to(tl.int8), 1) != 0)"),
     "all": ("1", "1", "({acc} & {v})", "(tl.min({acc}.to(tl.int8), 1) != 0)"),
+    # (looped rows: triton_kernels.WELFORD_STEP and kiln_welford_combine; a persistent row's values
+    # are all in registers: its mean, then the squared deviations from it)
+    "welford_m2": ("0", "0", None, "kiln_row_m2({acc}, mask, rnumel)"),
 }
 
 

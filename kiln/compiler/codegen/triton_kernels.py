@@ -54,6 +54,16 @@ SCAN_UPDATES = {
 }
 
 
+# welford_m2 over a looped row: each lane's running (mean `acc`, squared deviations `acc_m2`, count
+# `acc_n`) takes in value `v` where `mask` holds (Welford's update); the lanes are combined at the end
+WELFORD_STEP = ["{acc}_v = {masked}",
+                "{acc}_n1 = {acc}_n + mask.to({t})",
+                "{acc}_d = {acc}_v - {acc}",
+                "{acc} = tl.where(mask, {acc} + {acc}_d / tl.maximum({acc}_n1, 1.0), {acc})",
+                "{acc}_m2 = tl.where(mask, {acc}_m2 + {acc}_d * ({acc}_v - {acc}), {acc}_m2)",
+                "{acc}_n = {acc}_n1"]
+
+
 # arg reductions: the position a lane holds when it holds none, and the (value, position) combine
 # (codegen/triton_exprs.PRELUDE) that keeps eager's choice whatever order the lanes meet in
 ARG_NONE = {"argmax": 2**62, "argmin": 2**62, "window_argmax": -1}
@@ -83,6 +93,7 @@ class Launch:
     xblock: int
     rblock: int
     num_warps: int
+    kind: str = "pointwise"  # or "persistent", "looped": which blocks it may take (codegen/triton_autotune)
 
 
 @dataclasses.dataclass
@@ -157,7 +168,8 @@ class TritonKernelWriter:
                     self.finish(node, printer.expr(node.body), printer, "xmask")
             else:
                 self.write_reduction_stage(s, stage, inner, body)
-        return self.finish_kernel({k.name: body}, [Launch(k.name, k.numel, k.rnumel, xblock, rblock, warps)])
+        kind = "pointwise" if not self.reduces else "persistent" if self.persistent else "looped"
+        return self.finish_kernel({k.name: body}, [Launch(k.name, k.numel, k.rnumel, xblock, rblock, warps, kind)])
 
     def block_start(self, sizes, names=None):
         """The first lines of a function: this program's XBLOCK points of `sizes` and their loop variables."""
@@ -190,8 +202,6 @@ class TritonKernelWriter:
         inside it, so two points that hit one element (they differ in serial dims only) are one
         lane's, in eager's order. A position out of range writes nothing and is reported."""
         plan = node.sequential
-        if node.layout.dtype in ir.HALF_DTYPES:
-            raise BackendUnsupported("a scatter into a half dtype")
         init = self.block_start(node.sizes)
         printer = self.printer(init, 1, "t", "xmask")
         self.finish(node, printer.expr(node.body), printer, "xmask")
@@ -231,11 +241,15 @@ class TritonKernelWriter:
         if identity:
             value = f"tl.full([XBLOCK, 1], {reduction_identity(plan.mode, node.layout.dtype)}, {dtype})"
         else:
-            value = f"tl.broadcast_to({printer.expr(plan.value)}, [XBLOCK, 1]).to({dtype})"
+            # a half dtype combines in float32, rounded at each step as eager's half arithmetic is
+            compute = tl_type(node.layout.dtype)
+            value = f"tl.broadcast_to({printer.expr(plan.value)}, [XBLOCK, 1]).to({compute})"
             if plan.mode is not None:
-                old = printer.temp(("old",), f"tl.load({target}, {ok}, other=0)")
+                old = printer.temp(("old",), f"tl.load({target}, {ok}, other=0).to({compute})")
                 value = self.combine(plan.mode, node.layout.dtype).format(acc=old, v=value)
-        body.append(f"        tl.store({target}, {value}, {ok})")
+            if node.layout.dtype in ir.HALF_DTYPES:
+                value = round_to_half(value, node.layout.dtype)
+        body.append(f"        tl.store({target}, ({value}).to({dtype}), {ok})")
 
     def needs_int64(self):
         """Whether an index may pass int32: symbolic sizes, or a buffer or loop that large."""
@@ -276,6 +290,9 @@ class TritonKernelWriter:
                 if n.reduction_type in ir.ARG_REDUCTIONS:
                     body.append(f"{pad}acc_{n.name}_i = tl.full([XBLOCK, RBLOCK], {ARG_NONE[n.reduction_type]}, "
                                 "tl.int64)")
+                if n.reduction_type == "welford_m2":
+                    body += [f"{pad}acc_{n.name}_{part} = tl.full([XBLOCK, RBLOCK], 0, {TL_TYPES[dtype]})"
+                             for part in ("m2", "n")]
         loop = []
         if self.persistent:
             loop_indent = 1
@@ -289,6 +306,7 @@ class TritonKernelWriter:
         loop += [pad * (loop_indent - 1) + line for line in self.split_index("rindex", "r", inner)]
         loop.append(f"{ipad}mask = xmask & rmask")
         printer = self.printer(loop, loop_indent, f"t{s}_", "mask")
+        printer.narrow = not (self.persistent and int(self.kernel.rnumel) == 0)  # empty rows read nothing
         for node in stage:
             printer.mapping = self.maps[node.name]
             value = printer.expr(node.body)
@@ -301,6 +319,8 @@ class TritonKernelWriter:
                       f"tl.full([], {init}, {TL_TYPES[dtype]}))")
             if node.reduction_type in ir.ARG_REDUCTIONS:
                 loop += [ipad + line for line in self.arg_step(node.reduction_type, acc, masked)]
+            elif node.reduction_type == "welford_m2" and not self.persistent:
+                loop += [ipad + line.format(acc=acc, masked=masked, t=TL_TYPES[dtype]) for line in WELFORD_STEP]
             elif self.persistent:
                 loop.append(f"{ipad}{acc} = {masked}")
             else:
@@ -317,6 +337,9 @@ class TritonKernelWriter:
             if node.reduction_type in ir.ARG_REDUCTIONS:
                 combine = ARG_COMBINES[node.reduction_type]
                 body.append(f"{pad}_, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, {combine})")
+                reduced = f"{acc}_r"
+            elif node.reduction_type == "welford_m2" and not self.persistent:
+                body.append(f"{pad}_, {acc}_r, _ = tl.reduce(({acc}, {acc}_m2, {acc}_n), 1, kiln_welford_combine)")
                 reduced = f"{acc}_r"
             else:
                 reduced = self.final(node.reduction_type, dtype).format(acc=acc)

@@ -30,13 +30,17 @@ def interpreting():
 
 
 def _on_arrays(fn):
-    """`fn` over the NumPy arrays of interpreter tensors, the result in the first argument's dtype."""
+    """`fn` over the NumPy arrays of interpreter tensors, the result in the first argument's dtype and
+    the arguments' broadcast shape (as libdevice's functions broadcast: `fmod(2.5, x)`)."""
     def call(*args, **_):
         import triton.language as tl
         from triton.runtime.interpreter import TensorHandle
         first = args[0]
-        data = fn(*(a.handle.data for a in args)).astype(first.handle.data.dtype)
-        return tl.core.tensor(TensorHandle(data, first.handle.dtype.scalar), first.type)
+        data = np.asarray(fn(*(a.handle.data for a in args))).astype(first.handle.data.dtype)
+        scalar = first.type.scalar
+        blocks = any(a.type.is_block() for a in args)
+        return tl.core.tensor(TensorHandle(data, first.handle.dtype.scalar),
+                              tl.core.block_type(scalar, [int(d) for d in data.shape]) if blocks else scalar)
     return call
 
 
