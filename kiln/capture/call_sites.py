@@ -112,6 +112,9 @@ def _normalize(instr, inst):
     return [plain, Instr("PUSH_NULL", location=loc), Instr("SWAP", 2, location=loc)]
 
 
+_RESOLVE_SLOTS = 3  # the most stack slots _resolve_slot's instructions add
+
+
 def _resolve_slot(depth, resolve, loc):
     """Instructions replacing the value at `depth` (1 = top) by resolve(value), stack otherwise as is."""
     call = [Instr("CALL", 1, location=loc)]
@@ -127,7 +130,10 @@ def rewrite_calls(code, resolve):
     """A copy of `code` whose call sites call `resolve(callable)(args...)`. Raises CannotRewrite."""
     insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     sites = _call_sites(code, insts)
-    bc = Bytecode.from_code(code)
+    # the handlers' stack depths are the original's (a call site's extra slots are gone again at every
+    # instruction boundary): kept as they are, not recomputed by flow, which cannot reach a handler
+    # whose range a resume function's prologue jumps into the middle of
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     out, n = [], 0
     for item in bc:
         if not isinstance(item, Instr):
@@ -145,8 +151,10 @@ def rewrite_calls(code, resolve):
     if n != len(insts):
         raise CannotRewrite(f"{code.co_qualname}: bytecode and dis disagree on the instructions")
     bc[:] = out
-    new = bc.to_code()
-    return new.replace(co_consts=new.co_consts + (_Original(code),))
+    new = bc.to_code(compute_exception_stack_depths=False)
+    # (room for the handlers too, which the flow from the entry may not reach)
+    return new.replace(co_consts=new.co_consts + (_Original(code),),
+                       co_stacksize=max(new.co_stacksize, code.co_stacksize + _RESOLVE_SLOTS))
 
 
 def _call_sites(code, insts):

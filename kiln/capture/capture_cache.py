@@ -254,7 +254,8 @@ class _Stored:
                 gm.meta.update(kiln_size_facts=form["size_facts"], kiln_from_disk_symbolic=True)
             scope = {**SYMPY_PRINTER_NAMES, **consts, "F": F, "L": L, "G": F.__globals__}
             example_inputs = [eval(expr, scope) for expr in form["inputs"]]
-            graph_fn = cache.backend(gm, example_inputs)
+            with torch.set_grad_enabled(torch.is_grad_enabled()):  # (the mode back after it, as compile_frame)
+                graph_fn = cache.backend(gm, example_inputs)
             consts.update({name: graph_fn for name in graph_names})
         ns = {**SYMPY_PRINTER_NAMES, **consts}
         exec(compile(form["glue"], "<kiln glue>", "exec"), ns)

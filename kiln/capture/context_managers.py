@@ -8,7 +8,7 @@ import types
 
 import torch
 
-from kiln.capture import objects
+from kiln.capture import glue, graph_builder, objects
 from kiln.capture.objects import TypeModel, call, const_value
 from kiln.capture.python_builtins import BUILTIN_HANDLERS
 from kiln.capture.variables import ConstantVariable, GradModeVariable, MethodVariable, const
@@ -37,6 +37,54 @@ class GradModeModel(TypeModel):
 
 
 objects.VARIABLE_MODELS[GradModeVariable] = GradModeModel()
+
+
+def _grad_mode_object(cls, state):
+    """A grad-mode object in the state it has in the frame, made without its __init__ (which would
+    switch the mode again, for set_grad_enabled)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+
+def _rebuild_grad_mode(g, mode):
+    """A grad-mode object that lives past a graph break (made before it, entered after it). Its state
+    is what torch's own code would have stored: set_grad_enabled's `prev` and `mode` at construction,
+    no_grad's and enable_grad's `prev` when entered (False until then)."""
+    if mode.source is not None:  # the object itself (its `prev` is replayed as a side effect)
+        return mode.source.expr(g.ctx)
+    if mode.cls is torch.set_grad_enabled:
+        state = {"prev": mode.prior, "mode": mode.enabled}
+    elif mode.cls in (torch.no_grad, torch.enable_grad):
+        state = {"prev": bool(mode.entered_from)}
+    else:
+        raise Unsupported(f"cannot rebuild a {mode.cls.__qualname__} object after a graph break")
+    return f"{g.const(_grad_mode_object, 'GRADMODE')}({g.const(mode.cls, 'CLS')}, {state!r})"
+
+
+glue.REBUILDERS[GradModeVariable] = _rebuild_grad_mode
+
+
+def _wrap_grad_mode(og, value, source, guard):
+    """A grad-mode object from outside the frame (one a resume function is handed after a break):
+    modelled by its state, which is guarded, so a new object in the same state runs the same entry."""
+    names = ("prev", "mode") if type(value) is torch.set_grad_enabled else ("prev",)  # (enable_grad: prev once entered)
+    state = {name: getattr(value, name, None) for name in names}
+    if guard and source is not None:
+        og.guards.type_match(source, value)
+        for name, v in state.items():
+            check = f"v.{name} is {v!r}" if hasattr(value, name) else f"not hasattr(v, {name!r})"
+            og.guards.add(source, check, f"{source!r}: {check}")
+    if type(value) is torch.set_grad_enabled:
+        mode = GradModeVariable(value.mode, torch.set_grad_enabled, value.prev, source, value)
+    else:
+        mode = GradModeVariable(type(value) is torch.enable_grad, type(value), None, source, value)
+    mode.entered_from = state["prev"]
+    return mode
+
+
+for _cls in (torch.set_grad_enabled, torch.no_grad, torch.enable_grad):
+    graph_builder.VALUE_WRAPPERS[_cls] = _wrap_grad_mode
 
 
 def _inference_mode(frame, args, kwargs):

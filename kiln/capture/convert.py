@@ -91,8 +91,10 @@ class Capture:
                     raise self._cannot("an autocast block still open at the end of the frame")
                 return result
             except Unsupported as e:
-                if self.requested is None or self.fullgraph:
+                if self.fullgraph:
                     raise
+                if self.requested is None:  # no instruction to break at (capture's own limits): run it natively
+                    raise EagerFrame(f"{e.msg}; {self.code.co_qualname} runs eagerly") from e
                 inst, _ = self.requested
                 if inst.opname in ("RAISE_VARARGS", "RERAISE") and e.python_exception is not None:
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
@@ -220,6 +222,7 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
     glue = Glue(og)
     try:
         if isinstance(result, _Break):
+            glue.at_break = True
             tail, reason = _break_tail(cap, glue, result)
         else:
             ret = glue.value(result)
@@ -260,7 +263,10 @@ def _compile_graph(og, glue, backend, code):
     example_inputs = [t for _, t, _ in og.inputs]
     log_graph(code, gm)
     try:
-        compiled = backend(gm, example_inputs)
+        # in the mode the graph starts in, which it gets back after: tracing a graph through its grad
+        # switches (make_fx runs torch._C._set_grad_enabled for real) must not leave one switched
+        with torch.set_grad_enabled(og.grad_at_entry):
+            compiled = backend(gm, example_inputs)
     except Exception as e:
         if config.suppress_errors:
             warnings.warn(f"kiln: backend {backend.name!r} raised {type(e).__name__}: {e}; "
@@ -346,8 +352,9 @@ def _break_tail(cap, glue, brk):
         if push_null:
             result = facts.with_null(result[0], interp.NULL)
         after = [resume(below + result, next_offset, [])]
-    if any(_is_exit(v) for v in stack):
-        # inside a grad-mode block: the rest of the block runs in the mode capture was in there
+    if any(_is_exit(v) for v in stack) or cap.og.grad_enabled != cap.og.grad_at_entry:
+        # inside a grad-mode block, or after a switch (an aot backend's graph does not switch the real
+        # mode): the construct and the rest run in the mode capture was in there
         native = [f"{glue.const(torch._C._set_grad_enabled, 'SETGRAD')}({cap.og.grad_enabled})"] + native
     handler = _covering_handler(frame.code, inst.offset)
     if handler is not None:

@@ -13,6 +13,7 @@ import types
 import torch
 
 from kiln.capture import interpreter as interp
+from kiln.capture import resume
 from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
                                     DictVariable, DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator,
@@ -72,6 +73,12 @@ def _user_container(cls):
         not (cls.__module__ == "collections" or cls.__module__.startswith(("torch", "transformers")))
 
 
+def _primed(gen):
+    """`gen` run to its first yield, whose item is dropped (a paused generator's copy: resume.resume_code)."""
+    next(gen)
+    return gen
+
+
 def _finished_generator():
     """A new generator that has already finished (one capture ran to its end, or closed)."""
     gen = (x for x in ())
@@ -90,6 +97,7 @@ class Glue:
         self._alive = []       # the Variables named in _tmp, kept so their ids stay theirs
         self._n = 0
         self._deferred = []    # lines that fill objects/cells after all of them exist
+        self.at_break = False  # the values are handed to a resume function (else: returned)
 
     def const(self, obj, hint="C"):
         return self.ctx.const(obj, hint)
@@ -131,7 +139,7 @@ class Glue:
 
     def _build(self, var, name):
         if isinstance(var, TensorVariable):
-            if var.node.op == "placeholder":
+            if var.node.op == "placeholder" or var.data_replaced:
                 return var.source.expr(self.ctx)
             if id(var) not in self._out_index:
                 self._out_index[id(var)] = len(self.outputs)
@@ -191,6 +199,12 @@ class Glue:
             return f"{self.const(_finished_generator, 'DONEGEN')}()"
         if isinstance(var, GeneratorVariable) and var.count == 0:
             return self._unstarted_generator(var)
+        if isinstance(var, GeneratorVariable):
+            if self.at_break:
+                # (one a resume function would take over: it could, but torch.compile runs such a
+                # frame eagerly, and kiln keeps its graph counts)
+                raise Unsupported("a generator paused at a yield across a graph break")
+            return self._paused_generator(var)
         if isinstance(var, ObjectIterator):
             return self.value(var.obj)
         if isinstance(var, IteratorVariable):
@@ -264,6 +278,27 @@ class Glue:
             self._deferred.append(lambda: "; ".join(f"{name}.{k} = {self.value(v)}" for k, v in attrs.items()))
         if instance_dict.items:
             self._deferred.append(lambda: f"{name}.__dict__.update({self.value(instance_dict)})")
+
+    def _paused_generator(self, var):
+        """A generator paused at a yield: a generator of a copy of its code (resume.resume_code) given
+        the paused frame's stack and live locals and run to that same yield, where it waits as the
+        original does; what it yields next is computed when it is asked for, as in CPython."""
+        frame = var.frame
+        yield_inst = frame.insts[frame.ip - 1]
+        if yield_inst.opname != "YIELD_VALUE":
+            raise Unsupported("a generator paused elsewhere than at a yield")
+        stack = frame.stack[:-1] + [ConstantVariable(None)]  # (what the yield hands out: what `_primed` drops)
+        nulls = [interp.is_null(v) for v in stack]
+        live = [n for n in resume.live_locals(frame.code, yield_inst.offset) if n in frame.locals]
+        code = resume.resume_code(frame.code, yield_inst.offset, nulls, live, generator=True)
+        stack_names, argnames = resume.parameters(frame.code, nulls, live)
+        values = dict(zip(stack_names, [v for v, null in zip(stack, nulls) if not null]))
+        values.update((n, frame.locals[n]) for n in live)
+        cells = "".join(self.value(frame.cells[n]) + ", " for n in code.co_freevars)
+        fn = (f"{self.const(types.FunctionType, 'FN')}({self.const(code, 'CODE')}, {self.const(frame.f_globals, 'GD')}, "
+              f"{frame.code.co_name!r}, None, {'(' + cells + ')' if code.co_freevars else 'None'})")
+        args = ", ".join(self.value(values[n]) for n in argnames)
+        return f"{self.const(_primed, 'PRIMED')}({fn}({args}))"
 
     def _unstarted_generator(self, var):
         """A generator not run yet (made just before a break): call its function again, natively."""

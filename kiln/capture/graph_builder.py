@@ -59,9 +59,11 @@ SUBCLASS_WRAPPERS = {}  # builtin base (list) -> fn(og, value, source, guard) fo
 
 
 class GradModeBreak(Unsupported):
-    """Grad switched on in a graph that starts with it off (a resume function after a no_grad block,
-    enable_grad in a frame called under no_grad): the graph ends there, because aot-based backends
-    trace a graph in the grad mode it starts in and would lose requires_grad after the switch."""
+    """A tensor that requires grad made while grad is switched on in a graph that starts with it off
+    (a resume function after a no_grad block, enable_grad in a frame called under no_grad): the graph
+    ends before that op, because aot-based backends trace a graph in the grad mode it starts in and
+    would lose its requires_grad and grad_fn. Switching grad on alone, and ops on tensors that need
+    no grad, compute the same values in either mode, so they stay in the graph."""
 
 
 class ShapeSource(torch._guards.Source):
@@ -320,6 +322,13 @@ class OutputGraph:
         return [(s, tuple(t.shape)) for s, t, _ in self.inputs if isinstance(t, torch.Tensor)] + \
             list(self.folded_numbers)
 
+    def rebind_tensor(self, var, node, fake):
+        """`var`, a tensor from outside the frame whose .data was assigned, reads as `node` (`fake`)
+        from now on; the glue still hands back the object its source names."""
+        self._keepalive.append(var.fake)  # (its id keys nothing new while the capture lasts)
+        self.side_effects.rekey_attrs(var.fake, fake)
+        var.node, var.fake, var.data_replaced = node, fake, True
+
     def guard_input_aliasing(self):
         """A graph that writes to an input computes something else when another input shares its
         memory (the write is seen through the other): guard which inputs share a storage. The fake
@@ -386,6 +395,9 @@ class OutputGraph:
         """
         fake_args, fake_kwargs = to_fake((args, kwargs))
         tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
+        if self.grad_enabled and any(t.data_replaced and t.fake.requires_grad for t in tensors_in):
+            raise Unsupported(f"{_target_name(target)} on a tensor that requires grad and whose .data was "
+                              "assigned in the frame (its gradient belongs to the tensor, not to the new data)")
         versions = [version_of(t.fake) for t in tensors_in]
         try:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
@@ -397,6 +409,10 @@ class OutputGraph:
         mutated = any(version_of(t.fake) != v for t, v in zip(tensors_in, versions)) or \
             (None in versions and _writes_by_name(target))
         leaves = pytree.tree_leaves(result)
+        if self.grad_enabled and not self.grad_at_entry and \
+                any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
+            raise GradModeBreak(f"{_target_name(target)} makes a tensor that requires grad, inside a graph that "
+                                "starts without grad")
         if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
             raise Unsupported(f"{_target_name(target)} has a data-dependent output shape", kind="data_dependent")
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
@@ -492,8 +508,6 @@ class OutputGraph:
 
     def set_grad_enabled(self, enabled):
         """Switch grad mode inside the graph (torch.no_grad() blocks), as a node so backends see it."""
-        if enabled and not self.grad_at_entry:
-            raise GradModeBreak("grad enabled inside a graph that starts without grad")
         if enabled != self.grad_enabled:
             self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,), {},
                                    name=self._unique("set_grad_enabled"))

@@ -10,6 +10,8 @@ import inspect
 import linecache
 import operator
 
+import torch
+
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import objects
 from kiln.capture.code_index import instructions
@@ -770,6 +772,9 @@ class Frame:
         ctx = self.pop()
         if isinstance(ctx, GradModeVariable):
             prior = self.og.grad_enabled if ctx.prior is None else ctx.prior
+            ctx.entered_from = self.og.grad_enabled
+            if ctx.value is not None and ctx.cls in (torch.no_grad, torch.enable_grad):  # its __enter__ sets prev
+                self.og.side_effects.store_attr(ctx, "prev", const(self.og.grad_enabled))
             self.og.set_grad_enabled(ctx.enabled)
             self.push(ExitVariable(lambda: self.og.set_grad_enabled(prior), restores=prior))
             self.push(const(None))

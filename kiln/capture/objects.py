@@ -1050,6 +1050,28 @@ def delattr_var(frame, obj, name):
     raise Unsupported(f"del of attribute {name!r} of {describe(obj)}")
 
 
+def _assign_tensor_data(og, t, value):
+    """`t.data = value` on a tensor from outside the frame: t keeps its identity and its autograd
+    state and takes value's data (storage, shape, strides, dtype). The assignment is replayed on the
+    real tensor after the graph, in program order with other ones (so `x.data = y; y.data = z` gives
+    x y's old data); until then t reads, in the graph, as an alias of value without grad (its detach).
+    A t that requires grad keeps that flag, and an op on it while grad is on is a graph break: its
+    gradient would belong to t, which the graph cannot express."""
+    if not isinstance(value, TensorVariable):
+        raise Unsupported(f"Tensor.data set to {describe(value)}")
+    if t.source is None:
+        raise Unsupported("setting .data of a tensor made in the frame")
+    if t.fake.requires_grad and not t.fake.is_leaf:
+        raise Unsupported("setting .data of a tensor computed with grad (it keeps its grad_fn)")
+    if value.fake.layout != torch.strided or t.fake.layout != torch.strided or value.fake.device != t.fake.device:
+        raise Unsupported("setting .data across devices or layouts")
+    alias = og.call_op("call_method", "detach", [value], {})
+    if t.fake.requires_grad:
+        alias.fake.requires_grad_(True)
+    og.side_effects.store_tensor_data(t, value)
+    og.rebind_tensor(t, alias.node, alias.fake)
+
+
 def _tensor_attr(og, t, name):
     if name in ("grad", "grad_fn", "_version", "_base", "_cdata"):
         raise Unsupported(f"Tensor.{name} during capture")
@@ -1292,6 +1314,8 @@ def setattr_var(frame, obj, name, value):
     if isinstance(obj, HandlerVariable):
         return obj.var_setattr(frame, name, value)
     if isinstance(obj, TensorVariable):  # a Python attribute on the tensor: replayed after the graph
+        if name == "data":
+            return _assign_tensor_data(og, obj, value)
         if inspect.getattr_static(obj.cls, name, _NO) is not _NO:
             raise Unsupported(f"setting Tensor.{name} during capture")
         og.side_effects.store_attr(obj, name, value)
@@ -1353,6 +1377,8 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, FreshObjectVariable) and \
             isinstance(call_attr := inspect.getattr_static(fn.cls, "__call__", None), types.FunctionType):
         return call_python_function(frame, call_attr, [fn] + list(args), kwargs)  # an instance made in the frame
+    if (call_method := python_special(frame, fn, "__call__", objects=False)) is not None:
+        return call(frame, call_method, args, kwargs)  # an instance of a list/dict/tuple subclass with __call__
     raise Unsupported(f"calling {describe(fn)}")
 
 
@@ -1739,8 +1765,9 @@ def _construct(frame, cls_var, cls, args, kwargs):
 
 
 def _python_library_class(cls):
-    """A class of torch's written in Python that capture follows like user code (torch.distributions)."""
-    return cls.__module__.startswith("torch.distributions.")
+    """A class of torch's written in Python that capture follows like user code (torch.distributions,
+    torch.testing's comparison pairs)."""
+    return cls.__module__.startswith(("torch.distributions.", "torch.testing."))
 
 
 def _construct_module(frame, cls, args, kwargs):

@@ -9,7 +9,7 @@ they are kept while `code` lives.
 """
 import weakref
 
-from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
+from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin, TryEnd
 
 from kiln.capture import bytecode_facts as facts
 from kiln.capture.identity_table import IdentityTable
@@ -74,21 +74,34 @@ def parameters(code, stack_nulls, live):
     return stack, stack + list(live)
 
 
-def resume_code(code, offset, stack_nulls, live):
+_GENERATOR_FLAGS = 0x20 | 0x100 | 0x200  # CO_GENERATOR, CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR (kept by
+# a paused generator's copy); CO_VARARGS, CO_VARKEYWORDS, CO_NESTED and CO_COROUTINE are dropped
+
+
+def resume_code(code, offset, stack_nulls, live, generator=False):
     """A code object taking `parameters(code, stack_nulls, live)` (the non-NULL stack items and live
-    locals) that continues `code` at `offset`."""
+    locals) that continues `code` at `offset`. `generator`: `code` is a generator's and `offset` one of
+    its yields: the copy is a generator function whose generator, on its first next(), runs straight
+    to that yield (yielding the item on top of the stack given) and is then paused where the original
+    was, inside the same try blocks, so send/throw/close continue it as they would the original."""
     made = _CACHE.setdefault(code, dict)
-    key = (offset, tuple(stack_nulls), tuple(live))
+    key = (offset, tuple(stack_nulls), tuple(live), generator)
     found = made.get(key)
     if found is not None:
         return found
-    bc = Bytecode.from_code(code)
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     target_pos = instructions(code)[1][offset]
     body, seen, label = [], 0, Label()
+    open_try, reopened = None, {}  # the exception-table range the jump lands in, split at the label
     for item in bc:
+        if isinstance(item, TryBegin):
+            open_try = item
+        elif isinstance(item, TryEnd):
+            open_try = None
+            item = TryEnd(reopened.get(id(item.entry), item.entry))
         if isinstance(item, Instr):
             if seen == target_pos:
-                body.append(label)
+                body += _split_range(open_try, label, reopened)
             seen += 1
             if item.name in ("MAKE_CELL", "COPY_FREE_VARS"):
                 continue  # the prologue's job: the new prologue hands cells over as free variables
@@ -101,6 +114,8 @@ def resume_code(code, offset, stack_nulls, live):
     freevars = list(code.co_freevars) + list(code.co_cellvars)
     if freevars:
         prologue.append(Instr("COPY_FREE_VARS", len(freevars), location=loc))
+    if generator:
+        prologue += [Instr("RETURN_GENERATOR", location=loc), Instr("POP_TOP", location=loc)]
     prologue.append(Instr("RESUME", 0, location=loc))
     i = 0
     for null in stack_nulls:
@@ -117,16 +132,32 @@ def resume_code(code, offset, stack_nulls, live):
     new.first_lineno = code.co_firstlineno
     new.name = f"__resume_{code.co_name}_at_{offset}"
     new.qualname = new.name
+    if generator:  # (a generator takes its name from its code: it is the original's, paused)
+        new.name, new.qualname = code.co_name, code.co_qualname
     new.filename = code.co_filename
     new.docstring = None
     new.cellvars = []
     new.freevars = freevars
-    new.flags = code.co_flags & ~(0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200) | 0x10 * bool(freevars)
+    new.flags = code.co_flags & ~(0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200) | 0x10 * bool(freevars) | \
+        (code.co_flags & _GENERATOR_FLAGS if generator else 0)
     new.exception_table = None
     out = new.to_code()
     made[key] = out
-    _ORIGIN[out] = (weakref.ref(code), key)  # (weak: the resume code must not keep its original alive)
+    if not generator:  # (a paused generator's copy is not a resume function the capture cache stores)
+        _ORIGIN[out] = (weakref.ref(code), key[:3])  # (weak: the resume code must not keep its original alive)
     return out
+
+
+def _split_range(open_try, label, reopened):
+    """The label the prologue jumps to, in the exception-table range `open_try` (or None) of the
+    original: the range ends before the label and a copy begins after it, so that the stack depth at
+    its handler is computed along the path the resume function takes (the original start is dead
+    code now; its depth would be unknown)."""
+    if open_try is None:
+        return [label]
+    again = TryBegin(open_try.target, open_try.push_lasti, open_try.stack_depth)
+    reopened[id(open_try)] = again
+    return [TryEnd(open_try), label, again]
 
 
 def resume_spot(rcode, code):

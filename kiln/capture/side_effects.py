@@ -12,6 +12,7 @@ class SideEffects:
         self.global_stores = {}  # (id(globals dict), name) -> (GlobalSource, value Variable)
         self.cell_stores = {}    # id(cell) -> (CellSource, value Variable)
         self.mutated = []        # existing containers changed in place (ListVariable/DictVariable)
+        self._data_stores = 0    # `t.data = v` stores so far (each keyed apart)
 
     DELETED = object()
 
@@ -19,6 +20,17 @@ class SideEffects:
         """`obj_var.name = value`; keyed by the object (a tensor's by its fake)."""
         target = obj_var.fake if hasattr(obj_var, "fake") else obj_var.value
         self.attr_stores[(id(target), name)] = (obj_var, name, value)
+
+    def store_tensor_data(self, tensor_var, value):
+        """`tensor_var.data = value`: each one kept in program order (a later one does not replace
+        an earlier one, whose value a tensor in between may have taken)."""
+        self._data_stores += 1
+        self.attr_stores[("data", self._data_stores), "data"] = (tensor_var, "data", value)
+
+    def rekey_attrs(self, old, new):
+        """The Python attributes stored on the object keyed `old` (a tensor's fake) now key `new`."""
+        for key in [k for k in self.attr_stores if k[0] == id(old)]:
+            self.attr_stores[(id(new), key[1])] = self.attr_stores.pop(key)
 
     def forget_attr(self, obj, name):
         self.attr_stores.pop((id(obj), name), None)

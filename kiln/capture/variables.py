@@ -131,6 +131,8 @@ class RuntimeFunctionVariable(ObjectVariable):
 
 
 class TensorVariable(Variable):
+    data_replaced = False  # its .data was assigned in the frame: `node` is the new data, `source` the object
+
     def __init__(self, node, fake, source=None, cls=torch.Tensor):
         self.node, self.fake, self.source, self.cls = node, fake, source, cls
 
@@ -543,10 +545,13 @@ class SuperVariable(Variable):
 
 class GradModeVariable(Variable):
     """torch.no_grad() / enable_grad() / set_grad_enabled(b) as a context manager. set_grad_enabled
-    switches at construction (as torch's does); `prior` is the mode its exit restores."""
+    switches at construction (as torch's does); `prior` is the mode its exit restores. `entered_from`:
+    the mode a no_grad()/enable_grad() object was last entered in (its __enter__ saves it as `prev`)."""
 
-    def __init__(self, enabled, cls, prior=None):
+    def __init__(self, enabled, cls, prior=None, source=None, value=None):
         self.enabled, self.cls, self.prior = enabled, cls, prior
+        self.entered_from = None
+        self.source, self.value = source, value  # an object from outside the frame: where, and which
 
     def python_type(self):
         return self.cls

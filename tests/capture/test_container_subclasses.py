@@ -200,3 +200,49 @@ def test_methodcaller_with_tensor_arguments():
         return operator.methodcaller("add", y, alpha=2.0)(x), operator.methodcaller("size", 0)(x)
 
     check_graphs(fn, t(3, 4), graphs=1, fullgraph=True)
+
+
+class Pipeline(list):
+    """A list of steps that is itself callable."""
+
+    def __call__(self, x):
+        for step in self:
+            x = step(x)
+        return x
+
+
+class Scales(dict):
+    def __call__(self, x, key):
+        return x * self[key]
+
+
+def run_pipeline(x, steps, more):
+    steps.extend(more)  # (the list from outside changes too)
+    return steps(x)
+
+
+def test_a_list_subclass_with_call_is_called_like_eager():
+    eager = assert_same_with_graphs(run_pipeline, torch.randn(4),
+                                    lambda: Pipeline([torch.nn.ReLU(), torch.sigmoid]), lambda: Pipeline([torch.tanh]))
+    assert len(eager) == 3
+
+
+def scaled(x, scales):
+    return scales(x, "b") + scales(x, "a")
+
+
+def test_a_dict_subclass_with_call_is_called_like_eager():
+    counter = CompileCounter()
+    compiled = kiln.compile(scaled, backend=counter, fullgraph=True)
+    torch.testing.assert_close(compiled(torch.ones(2), Scales(a=2.0, b=3.0)), torch.full((2,), 5.0))
+    assert counter.frame_count == 1
+
+
+def assert_same_with_graphs(fn, x, make_steps, make_more):
+    """fn compiled in one graph vs eager on fresh step lists; returns the eager steps after the call."""
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter, fullgraph=True)
+    eager_steps, compiled_steps = make_steps(), make_steps()
+    torch.testing.assert_close(compiled(x, compiled_steps, make_more()), fn(x, eager_steps, make_more()))
+    assert len(compiled_steps) == len(eager_steps) and counter.frame_count == 1
+    return eager_steps

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kiln
-from tests.utils import check_graphs
+from tests.utils import CompileCounter, check_graphs
 
 LAYER = re.compile(r"layers\.(\d+)\.")
 
@@ -99,3 +99,26 @@ def test_a_function_marked_constant_is_run_and_its_result_kept():
         return x + 1 if running_thread_id() == threading.main_thread().ident else x - 1
 
     check_graphs(fn, torch.randn(3), graphs=1, fullgraph=True)
+
+
+
+def test_torch_testing_comparison_classes_are_followed():
+    """torch's TestCase.assertEqual builds torch.testing's comparison pairs (Python classes of
+    torch.testing): capture follows them, and a mismatch raises as in eager."""
+    from torch.testing._internal.common_utils import TestCase
+
+    class Case(TestCase):
+        def runTest(self):
+            pass
+    case = Case()
+
+    def checks_count(x, n):
+        case.assertEqual(n, 3)
+        return x * n
+    compiled = kiln.compile(checks_count, backend=CompileCounter(), fullgraph=True)
+    torch.testing.assert_close(compiled(torch.ones(2), 3), torch.full((2,), 3.0))
+    with pytest.raises(AssertionError) as eager_error:
+        checks_count(torch.ones(2), 4)
+    with pytest.raises(AssertionError) as compiled_error:
+        kiln.compile(checks_count, backend=CompileCounter())(torch.ones(2), 4)
+    assert str(compiled_error.value) == str(eager_error.value)

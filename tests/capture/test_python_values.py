@@ -285,3 +285,18 @@ def test_container_arguments():
         a, b = pair
         return a * mapping["scale"] + b + sum(tensors)
     check_graphs(f, (torch.randn(3), torch.randn(3)), {"scale": 2.0}, [torch.randn(3)] * 2, graphs=1)
+
+
+def test_a_list_that_contains_itself_runs_as_eager():
+    """Capture cannot take it in (it would unfold forever): the frame runs natively, no error."""
+    import kiln
+    from tests.utils import CompileCounter
+    nest = []
+    nest[:] = [nest, torch.ones(2), None]
+
+    def first_tensor_plus_one(x):
+        return nest[0][0][1] + x, nest
+    counter = CompileCounter()
+    out, same = kiln.compile(first_tensor_plus_one, backend=counter)(torch.ones(2))
+    assert same is nest
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
