@@ -397,7 +397,8 @@ class OutputGraph:
         tensors_in = [v for v in _var_leaves((args, kwargs)) if isinstance(v, TensorVariable)]
         if self.grad_enabled and any(t.data_replaced and t.fake.requires_grad for t in tensors_in):
             raise Unsupported(f"{_target_name(target)} on a tensor that requires grad and whose .data was "
-                              "assigned in the frame (its gradient belongs to the tensor, not to the new data)")
+                              "assigned in the frame (its gradient belongs to the tensor, not to the new data)",
+                              kind="tensor_data_assignment")
         versions = [version_of(t.fake) for t in tensors_in]
         try:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)

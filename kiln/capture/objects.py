@@ -1060,11 +1060,12 @@ def _assign_tensor_data(og, t, value):
     if not isinstance(value, TensorVariable):
         raise Unsupported(f"Tensor.data set to {describe(value)}")
     if t.source is None:
-        raise Unsupported("setting .data of a tensor made in the frame")
+        raise Unsupported("setting .data of a tensor made in the frame", kind="tensor_data_assignment")
     if t.fake.requires_grad and not t.fake.is_leaf:
-        raise Unsupported("setting .data of a tensor computed with grad (it keeps its grad_fn)")
+        raise Unsupported("setting .data of a tensor computed with grad (it keeps its grad_fn)",
+                          kind="tensor_data_assignment")
     if value.fake.layout != torch.strided or t.fake.layout != torch.strided or value.fake.device != t.fake.device:
-        raise Unsupported("setting .data across devices or layouts")
+        raise Unsupported("setting .data across devices or layouts", kind="tensor_data_assignment")
     alias = og.call_op("call_method", "detach", [value], {})
     if t.fake.requires_grad:
         alias.fake.requires_grad_(True)

@@ -110,6 +110,10 @@ _kind("unsupported_object",
       r"a set whose iteration order", r"no known origin", r"whole contents of", r"tensor keys",
       r"cannot rebuild", r"changed size", r"of a function$", r"^\w+\.\w+$", r"^\w+(\.\w+)? on \w+$",
       r"slice with non-constant", r"changes after a class", r"with_traceback", r"\(\w+\)$")
+_kind("tensor_data_assignment",
+      "`t.data = v` that a graph cannot express: t made in the frame or computed with grad, data from "
+      "another device or layout, or an op that needs t's gradient after its data was replaced.",
+      "Assign .data outside the compiled function, or write `with torch.no_grad(): t.copy_(v)`.")
 _kind("fake_tensor_failure",
       "A torch operation failed when run on fake tensors (shapes only): usually a shape error in the "
       "program, sometimes an op fake tensors do not support.",
