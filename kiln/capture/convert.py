@@ -153,12 +153,32 @@ def _why_not_breakable(code, inst, open_exits=()):
                 continue
             if entry.lasti:  # inside an except/finally handler: the exception being handled cannot be carried
                 return "the break is inside an exception handler"
+    normal = _normal_flow(insts, index_of)
     for i in insts:
-        if facts.is_backward_jump(i) and i.argval <= inst.offset < i.offset:
+        if facts.is_backward_jump(i) and i.argval <= inst.offset < i.offset and i.offset in normal:
             return "the break is inside a loop"
     if inst.opname == "COMPARE_OP" and inst.argval not in COMPARE_OPS:
         return "unknown comparison"
     return None
+
+
+def _normal_flow(insts, index_of):
+    """Offsets reached from the code's start without an exception: a backward jump reached only
+    through a handler is no loop (3.12+ put a with-block's cleanup after the function's body, and
+    its jump back to the code after the block, when `__exit__` swallowed the exception, points
+    backwards)."""
+    seen, todo = set(), [0]
+    while todo:
+        k = todo.pop()
+        if k >= len(insts) or insts[k].offset in seen:
+            continue
+        i = insts[k]
+        seen.add(i.offset)
+        if i.opcode in dis.hasjrel or i.opcode in dis.hasjabs:
+            todo.append(index_of[i.argval])
+        if i.opname not in facts.NO_FALLTHROUGH:
+            todo.append(k + 1)
+    return seen
 
 
 def _only_grad_mode_blocks(insts, offset, open_exits):

@@ -1,6 +1,5 @@
 """Grad-mode blocks (no_grad, enable_grad, set_grad_enabled) across graph breaks and in graphs that
 start without grad: results, requires_grad and the grad mode after the call, as eager."""
-import sys
 
 import pytest
 import torch
@@ -120,10 +119,8 @@ def no_grad_object_entered_before_a_break(x):
 @pytest.mark.parametrize("fn", [mode_object_made_before_a_break, no_grad_object_entered_before_a_break])
 def test_grad_mode_object_lives_across_a_break(fn):
     counter = check_graphs(fn, torch.randn(3, requires_grad=True))
-    # (3.12+ puts a with-block's cleanup after the function and jumps back from it, which capture
-    # still reads as a loop around the break after the first block: that frame runs eagerly there)
-    if fn is mode_object_made_before_a_break or sys.version_info < (3, 12):
-        assert counter.frame_count == 2
+    # (3.12+ puts a with-block's cleanup after the function and jumps back from it: no loop)
+    assert counter.frame_count == 2
     assert torch.is_grad_enabled()
 
 
