@@ -96,11 +96,38 @@ def guard_expression(cls, const):
 
 
 def _snapshot(cls):
-    """(class, its MRO, and for each changeable class in it, a check per attribute that the class
-    still holds that same object), all held weakly where the values allow it."""
+    """(class, its MRO, and for each changeable class in it, a _DictSnapshot), all held weakly where
+    the values allow it."""
     return (weakref.ref(cls), tuple(map(weakref.ref, _mro(cls))),
-            tuple((weakref.ref(k), {name: _same_as(v, k) for name, v in _class_dict(k).items()})
-                  for k in _mro(cls) if can_change(k)))
+            tuple(_dict_snapshot(k) for k in _mro(cls) if can_change(k)))
+
+
+class _DictSnapshot:
+    """A check per attribute of one class that the class still holds that same object. Shared by the
+    watches taken while the class keeps one version tag (its dict cannot have changed in between):
+    a base under many classes (nn.Module, 80-odd attributes) is remembered once, not per watch."""
+
+    __slots__ = ("klass", "attrs", "tag", "__weakref__")
+
+    def __init__(self, klass, tag):
+        self.klass, self.tag = weakref.ref(klass), tag
+        self.attrs = {name: _same_as(v, klass) for name, v in _class_dict(klass).items()}
+
+
+def _dict_snapshot(klass):
+    tag = current_tag(klass)  # (read first: a change while the snapshot is taken moves it)
+    ref = _DICT_SNAPSHOTS.get(klass)
+    found = ref() if ref is not None else None
+    if found is None or tag is None or found.tag != tag:
+        found = _DictSnapshot(klass, tag)
+        if tag is not None:
+            _DICT_SNAPSHOTS[klass] = weakref.ref(found)
+    return found
+
+
+# class -> its latest _DictSnapshot, held weakly both ways: the watches holding a snapshot keep it,
+# and a snapshot holding one of its class's values plainly must not keep the class alive from here
+_DICT_SNAPSHOTS = weakref.WeakKeyDictionary()
 
 
 # a class's own MRO and dict, as type's slots hold them (a metaclass may shadow the attributes)
@@ -131,8 +158,8 @@ def _dicts_unchanged(snapshot):
     cls = cls()
     if cls is None or len(_mro(cls)) != len(mro) or any(a is not b() for a, b in zip(_mro(cls), mro)):
         return False
-    for klass, attrs in dicts:
-        klass = klass()
+    for snapshot in dicts:
+        klass, attrs = snapshot.klass(), snapshot.attrs
         if klass is None:
             return False
         now = _class_dict(klass)

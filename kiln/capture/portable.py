@@ -26,6 +26,11 @@ import torch.fx
 
 from kiln.capture import class_watch
 
+try:  # a graph module whose Python code torch.fx generates on first use, not when it is made
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModuleOnDemand
+except ImportError:  # (a torch without it generates the code at once)
+    _GraphModuleOnDemand = torch.fx.GraphModule
+
 _LITERALS = (type(None), bool, int, str)
 _TORCH_CONSTANTS = (torch.dtype, torch.layout, torch.memory_format, torch.device)
 
@@ -78,20 +83,25 @@ def _function_parts(fn):
 def class_fingerprint(cls):
     """The attributes of `cls` and each class in its MRO that can change (methods by fingerprint,
     numbers and strings by value, other objects by type: reading one guards it on its own)."""
-    tag = class_watch.current_tag(cls)  # a new tag whenever the class or a base changes
-    found = _CLASS_PRINTS.get(cls)
+    return _sha([_own_fingerprint(k) for k in cls.__mro__])
+
+
+def _own_fingerprint(k):
+    """One class's part of class_fingerprint, remembered under its version tag (a new tag whenever
+    the class or a base changes), so a base shared by many classes (nn.Module) is hashed once."""
+    if not class_watch.can_change(k):
+        return [k.__module__, k.__qualname__, None]
+    tag = class_watch.current_tag(k)
+    found = _CLASS_PRINTS.get(k)
     if found is not None and tag is not None and found[0] == tag:
         return found[1]
-    parts = [[k.__module__, k.__qualname__,
-              sorted([name, _attribute_key(v)] for name, v in vars(k).items()) if class_watch.can_change(k) else None]
-             for k in cls.__mro__]
-    fingerprint = _sha(parts)
+    fingerprint = _sha([k.__module__, k.__qualname__, sorted([name, _attribute_key(v)] for name, v in vars(k).items())])
     if tag is not None:
-        _CLASS_PRINTS[cls] = (tag, fingerprint)
+        _CLASS_PRINTS[k] = (tag, fingerprint)
     return fingerprint
 
 
-_CLASS_PRINTS = weakref.WeakKeyDictionary()  # class -> (its version tag, fingerprint)
+_CLASS_PRINTS = weakref.WeakKeyDictionary()  # class -> (its version tag, fingerprint of its own attributes)
 
 
 def _attribute_key(v):
@@ -280,7 +290,9 @@ def graph_from_json(nodes):
             raise Stale(f"graph node {name} came back as {node.name}")
         node.meta.update(meta)
         made[name] = node
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
+    # a graph the compiler finds compiled in its cache is never run as Python: generating its code
+    # (torch.fx's recompile) waits until something reads or runs it (graph_cache keys it by its nodes)
+    return _GraphModuleOnDemand(torch.nn.Module(), graph)
 
 
 def _args_to_json(value):

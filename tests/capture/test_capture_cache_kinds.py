@@ -1,9 +1,10 @@
 """The capture cache for each kind of graph beyond static inference: symbolic sizes (automatic dynamic:
 static at the first size, symbolic at the second), a graph break (the frame and its resume functions),
-training (forward and backward), and symbolic training. One program runs them all; a second fresh process with the same cache must run no capture
-and no compile for any of them (counted: kiln's counters and what it imported), a third whose global,
-closure, default argument and inlined helper's source all changed must capture every frame again,
-and one whose cache files are all damaged must compile everything again. Each run checks every result,
+training (forward and backward), and symbolic training. One program runs them all; a second fresh
+process with the same cache must run no capture and no compile for any of them (counted: kiln's
+counters, what it imported, the Python code torch.fx generated), a third whose global, closure,
+default argument and inlined helper's source all changed must capture every frame again, and one
+whose cache files are all damaged must compile everything again. Each run checks every result,
 gradient and buffer against eager itself.
 """
 import json
@@ -24,6 +25,10 @@ import torch, kiln
 from kiln.capture import capture_cache
 from kiln.compiler import graph_cache
 SCALE = {scale}
+
+generated = []  # torch.fx code generated (a graph loaded from disk and found compiled needs none)
+_python_code = torch.fx.Graph.python_code
+torch.fx.Graph.python_code = lambda self, *a, **k: generated.append(1) or _python_code(self, *a, **k)
 
 def same(a, b):  # (torch.testing.assert_close imports sympy, which the warm process must not need)
     assert a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a, b)
@@ -83,7 +88,7 @@ print("{mark}" + json.dumps({{
     "stores": capture_cache.stats.stores, "stale": capture_cache.stats.stale,
     "unportable": capture_cache.stats.unportable,
     "graph_hits": graph_cache.stats.hits, "graph_misses": graph_cache.stats.misses,
-    "graph_stores": graph_cache.stats.stores,
+    "graph_stores": graph_cache.stats.stores, "fx_code_generated": len(generated),
     "imported": [m for m in ("kiln.capture.convert", "kiln.compiler.aot", "kiln.compiler.training", "sympy")
                  if m in sys.modules]}}))
 '''
@@ -129,6 +134,7 @@ def test_warm_process_captures_and_compiles_nothing(cold, tmp_path):
     assert warm["captures"] == 0 and warm["loads"] == _FRAMES, warm
     assert warm["graph_hits"] == _FRAMES and warm["graph_misses"] == 0, warm
     assert warm["imported"] == [], warm  # no interpreter, make_fx, joint trace or sympy
+    assert warm["fx_code_generated"] == 0, warm  # the graphs rebuilt from disk are never run as Python
 
 
 def test_changed_dependencies_capture_again(cold, tmp_path):

@@ -216,6 +216,20 @@ def test_damaged_entry_is_ignored_and_rewritten(cache):
     assert counts() == (1, 3, 3)
 
 
+def test_the_key_is_the_graph_compiled_not_code_made_before_an_edit(cache):
+    """kiln compiles a graph module's graph (aot runs it node by node), so the key holds its nodes, not
+    the code torch.fx generated from them (a graph rebuilt from disk makes none): a graph edited after
+    its code was made is keyed as edited, and the graph it was before gets an entry of its own."""
+    x = torch.randn(5)
+    gm = traced(pointwise)
+    [sin] = [n for n in gm.graph.nodes if n.target == "sin"]
+    sin.target = "cos"  # no recompile: gm.code still calls sin
+    edited = lambda x: (x * 2).cos() + 1  # noqa: E731
+    torch.testing.assert_close(compile_fx(gm, [x])(x), edited(x))
+    compile_and_check(pointwise, x)  # sin, what gm.code still says: not the edited graph's entry
+    assert counts() == (0, 2, 2)
+
+
 def test_option_switches_the_cache_off(cache):
     x = torch.randn(5)
     for _ in range(2):
