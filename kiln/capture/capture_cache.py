@@ -314,7 +314,7 @@ def _encode_source(s):
         return ["L", s.index, s.name]
     if isinstance(s, GlobalSource) and s.root:
         return ["G", s.name]
-    if isinstance(s, CellSource) and s.cell is None:
+    if isinstance(s, CellSource):
         return ["cell", s.name, s.index]
     if isinstance(s, AttrSource):
         base = _encode_source(s.base)

@@ -130,7 +130,7 @@ def _from_caller(source):
     """Whether `source` starts at the frame's arguments or its own closure cells."""
     while isinstance(source, (AttrSource, ItemSource)):
         source = source.base
-    return isinstance(source, LocalSource) or isinstance(source, CellSource) and source.cell is None
+    return isinstance(source, LocalSource) or isinstance(source, CellSource)
 
 
 def _from_defaults(source):

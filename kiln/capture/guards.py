@@ -18,6 +18,7 @@ import weakref
 import torch
 
 from kiln.capture import class_watch
+from kiln.capture.portable import code_fingerprint
 from kiln.capture.sources import CodeContext, TupleSource
 
 # what symbolic expressions printed as Python call: math.isnan / math.trunc, torch.sym_float, and on
@@ -81,12 +82,17 @@ class GuardSet:
                  f"type({source!r}) is {type(value).__qualname__}")
 
     def code_match(self, source, fn):
-        """`source` is a plain function running `fn`'s code, with as many defaults, over the same globals."""
-        check = (f"type(v) is {self.ref(types.FunctionType, 'T')} and v.__code__ is {self.ref(fn.__code__, 'CODE')} "
-                 f"and v.__globals__ is {self.ref(fn.__globals__, 'GD')} and "
-                 f"len(v.__defaults__ or ()) == {len(fn.__defaults__ or ())} and "
-                 f"len(v.__kwdefaults__ or ()) == {len(fn.__kwdefaults__ or ())}")
-        self.add(source, check, f"{source!r} is a function of {fn.__code__.co_qualname}")
+        """`source` is a plain function running `fn`'s code, with as many defaults, over the same globals.
+        Another process, where that code object is another one, checks the code's fingerprint instead
+        (the same bytecode, constants, names and closure layout: it does the same)."""
+        function_type = self.ref(types.FunctionType, "T")
+        rest = (f"v.__globals__ is {self.ref(fn.__globals__, 'GD')} and "
+                f"len(v.__defaults__ or ()) == {len(fn.__defaults__ or ())} and "
+                f"len(v.__kwdefaults__ or ()) == {len(fn.__kwdefaults__ or ())}")
+        portable = (f"type(v) is {self.const(types, 'TYPES')}.FunctionType and "  # (found by module: its name is not)
+                    f"{self.const(code_fingerprint, 'CODEFP')}(v.__code__) == {code_fingerprint(fn.__code__)!r} and {rest}")
+        self.add(source, f"type(v) is {function_type} and v.__code__ is {self.ref(fn.__code__, 'CODE')} and {rest}",
+                 f"{source!r} is a function of {fn.__code__.co_qualname}", portable)
 
     def id_match(self, source, value):
         ref = self.ref(value, "ID")

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
-from kiln.capture.sources import AttrSource, CellSource, ConstSource, GlobalSource, ItemSource
+from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
@@ -1507,12 +1507,9 @@ def _inline_function(frame, fn, args, kwargs, source=None):
         src = AttrSource(base, "__kwdefaults__")
         kwdefaults = {k: og.wrap(d, ItemSource(src, k)) for k, d in fn.__kwdefaults__.items()}
     code = original_code(fn.__code__)  # a function made by a frame that ran rewritten (eager_frames)
-    if source is None:
-        cells = [RealCell(c, CellSource(n, cell=c)) for n, c in zip(code.co_freevars, fn.__closure__ or ())]
-    else:
-        closure = AttrSource(source, "__closure__")
-        cells = [RealCell(c, AttrSource(ItemSource(closure, i), "cell_contents"))
-                 for i, c in enumerate(fn.__closure__ or ())]
+    closure = AttrSource(base, "__closure__")  # (a cell by where it is: another process finds it there too)
+    cells = [RealCell(c, AttrSource(ItemSource(closure, i), "cell_contents"))
+             for i, c in enumerate(fn.__closure__ or ())]
     return frame.inline_call(code, fn.__globals__, args, kwargs, defaults, kwdefaults, cells)
 
 

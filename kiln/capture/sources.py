@@ -89,18 +89,17 @@ class GlobalSource(Source):
 
 
 class CellSource(Source):
-    """The contents of a closure cell: the frame's i-th free variable, or a fixed cell object."""
+    """The contents of a closure cell: the frame's i-th free variable. (An inlined function's cells are
+    read through the function: fn.__closure__[i].cell_contents.)"""
 
-    def __init__(self, name, index=None, cell=None):
-        self.name, self.index, self.cell = name, index, cell
+    def __init__(self, name, index):
+        self.name, self.index = name, index
 
     def expr(self, ctx):
-        if self.cell is None:
-            return f"F.__closure__[{self.index}].cell_contents"
-        return f"{ctx.const(self.cell, 'CELL')}.cell_contents"
+        return f"F.__closure__[{self.index}].cell_contents"
 
     def key(self):
-        return ("cell", self.index, id(self.cell))
+        return ("cell", self.index)
 
     def __repr__(self):
         return f"closure['{self.name}']"
@@ -160,7 +159,8 @@ class ConstSource(Source):
         return ("const", id(self.obj))
 
     def __repr__(self):
-        return f"<{type(self.obj).__name__}>"
+        name = getattr(self.obj, "__qualname__", None)
+        return f"<{type(self.obj).__name__} {name}>" if isinstance(name, str) else f"<{type(self.obj).__name__}>"
 
 
 class TupleSource(Source):

@@ -166,13 +166,55 @@ def test_training_step_captures_and_compiles_nothing(tmp_path):
     assert warm["graph_hits"] == 1 and warm["graph_misses"] == 0 and not warm["imported_aot"], warm
 
 
-def test_an_entry_checking_a_live_function_by_identity_is_not_stored(tmp_path):
-    """A global that is a closure made at run time exists in one process only: its entry stays there."""
-    prelude = "def make_adder(n):\n    return lambda t: t + n\nhelper = make_adder(1.5)"
-    cold, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
-    assert cold["stores"] == 0 and cold["captures"] == 2, cold
-    warm, _ = _run(tmp_path, prelude="", helper_body="x * k + 1\n" + prelude)
-    assert warm["captures"] == 2 and warm["loads"] == 0, warm
+_CLOSURES = """
+import functools
+def make_adder(n):
+    return lambda t: t + n
+def twice(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args) * 2
+    return wrapper
+@twice
+def shifted(t):
+    return t - 0.5
+def make_writer():
+    calls = 0
+    def writer(t):
+        nonlocal calls
+        calls = 1
+        return t + calls
+    return writer
+adder, writer = make_adder(1.5), make_writer()
+"""
+
+
+def _closures_run(tmp_path, prelude=_CLOSURES):
+    """Closures made at run time, as globals the frames call (inlined: their code, cells and a
+    nonlocal write, which the glue replays through the function's __closure__)."""
+    return _run(tmp_path, backend="eager", helper_body="writer(shifted(adder(x))) * k\n" + prelude)
+
+
+@pytest.fixture(scope="module")
+def closures_cache(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("closures")
+    cold, _ = _closures_run(folder)
+    assert cold["captures"] == 2 and cold["stores"] == 2, cold
+    return folder / "cache"
+
+
+def test_closures_made_at_run_time_are_stored_by_their_code(tmp_path, closures_cache):
+    """A function a closure made is found in another process by where the program keeps it and checked
+    there by its code's fingerprint; its cells by where they are (fn.__closure__[i])."""
+    shutil.copytree(closures_cache, tmp_path / "cache")
+    warm, _ = _closures_run(tmp_path)
+    assert warm["captures"] == 0 and warm["loads"] == 2 and not warm["imported_capture"], warm
+
+
+def test_a_closure_whose_code_changed_is_captured_again(tmp_path, closures_cache):
+    shutil.copytree(closures_cache, tmp_path / "cache")
+    again, _ = _closures_run(tmp_path, _CLOSURES.replace("t + n", "t - n"))  # the lambda's code
+    assert again["captures"] == 2 and again["loads"] == 0, again
 
 
 def test_a_saved_cache_loads_into_an_empty_one(tmp_path, cold_cache, monkeypatch):
