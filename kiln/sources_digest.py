@@ -46,7 +46,8 @@ def _memoized():
 
 def _source_files():
     """[relative path, size, mtime_ns, ctime_ns, inode] of every .py file under kiln/, sorted."""
-    found, folders = [], [ROOT]
+    found, folders = [], [str(ROOT)]
+    prefix = len(str(ROOT)) + 1  # (entry paths begin with ROOT/: cut, where os.path.relpath costs ~0.1 ms a file)
     while folders:
         with os.scandir(folders.pop()) as entries:
             for entry in entries:
@@ -55,8 +56,7 @@ def _source_files():
                         folders.append(entry.path)
                 elif entry.name.endswith(".py"):
                     st = entry.stat()
-                    found.append([os.path.relpath(entry.path, ROOT), st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                  st.st_ino])
+                    found.append([entry.path[prefix:], st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
     return sorted(found)
 
 
