@@ -21,8 +21,8 @@ def test_source_expressions_reload_the_value():
     assert src.expr(ctx) == "L[0]._parameters['weight']"
     assert GlobalSource({}, "k", root=True).expr(ctx) == "G['k']"
     cell = types.CellType(5)
-    expr = CellSource("c", cell=cell).expr(ctx)
-    assert eval(expr, dict(ctx.consts)) == 5
+    expr = CellSource("c", 0).expr(ctx)  # the frame's own free variable, through its function
+    assert eval(expr, {**ctx.consts, "F": fn_with({}, (cell,))}) == 5
 
 
 def test_tensor_guard_checks_dtype_shape_stride_requires_grad():
