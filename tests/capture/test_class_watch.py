@@ -3,12 +3,13 @@
 change: a base changed after capture recompiles every frame that read through it, a base patched
 and put back (make_fx does that to nn.Module) does not, and a watch taken after a change snapshots
 the class as it is then. Fingerprints for the capture cache (portable.class_fingerprint) are
-remembered per class the same way and change with any class in the MRO. Eager is the oracle."""
+remembered per class the same way and change with any class in the MRO. Eager is the oracle. (Where
+version tags cannot be read, Python 3.13, nothing is shared and every check compares the dicts.)"""
 import torch
 from torch import nn
 
 import kiln
-from kiln.capture import portable
+from kiln.capture import class_watch, portable
 from kiln.capture.class_watch import ClassWatch
 from tests.utils import CompileCounter
 
@@ -38,8 +39,9 @@ def _base_snapshot(watch):
 def test_watches_share_a_base_snapshot_and_see_its_changes():
     Base, A, B = _classes()
     wa, wb = ClassWatch(A), ClassWatch(B)
-    assert _base_snapshot(wa) is _base_snapshot(wb)
-    assert wa.snapshot[2][2] is wb.snapshot[2][2]  # nn.Module's
+    if class_watch.current_tag(Base) is not None:  # (shared under a version tag: where CPython's can be read)
+        assert _base_snapshot(wa) is _base_snapshot(wb)
+        assert wa.snapshot[2][2] is wb.snapshot[2][2]  # nn.Module's
     scale = Base.scale
     Base.scale = scale  # patched and put back: the tag moved, the dict is the same
     assert wa.unchanged_since_tag_moved() and wb.unchanged_since_tag_moved()
