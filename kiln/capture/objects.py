@@ -701,7 +701,9 @@ def unpack_iterable(frame, v):
     if isinstance(v, TensorVariable):
         if v.fake.dim() == 0:
             raise Unsupported("iterating over a 0-d tensor")
-        return unpack_iterable(frame, frame.og.call_op("call_method", "unbind", [v], {}))
+        # one x[i] per row, as torch.compile records it (a size that is symbolic is pinned: the count is fixed)
+        return [frame.og.call_op("call_function", operator.getitem, [v, const(i)], {})
+                for i in range(int(v.fake.shape[0]))]
     if isinstance(v, ObjectVariable) and isinstance(v.value, torch.nn.Module):
         mod = v.value
         if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
@@ -1650,6 +1652,9 @@ def _call_value(frame, fn_var, args, kwargs):
         return const(None)
     if isinstance(fn, types.FunctionType):
         return call_python_function(frame, fn, args, kwargs)
+    if type(fn) is torch._C.ScriptFunction and \
+            isinstance(python := getattr(fn, "_torchdynamo_inline", None), types.FunctionType):
+        return call_python_function(frame, python, args, kwargs)  # @torch.jit.script: the Python it compiled
     if _is_torch_op(fn):
         return call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
