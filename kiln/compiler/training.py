@@ -24,7 +24,8 @@ is refused with an error (it is not differentiable), never answered with a wrong
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import traceback as fx_traceback
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.compiler.aot import MetaKeepingModule, is_symbolic, meta_keeping, trace_aten
@@ -61,8 +62,15 @@ class TrainingGraph(TrainingRun):
         primals = [*_traced_inputs(gm, example_inputs), *self.flat_graph.state]
         decompositions = lowering_decompositions(bool(options.get("fallback_random")))
         fake_mode = _fake_mode(primals)
-        signature = analyse(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
-        joint = trace_joint(self.flat_graph, signature, fake_mode, primals, decompositions)
+        try:
+            signature, joint = _analyse_and_trace(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
+        except DynamicOutputShapeException:
+            if fake_mode.shape_env is not None:
+                raise
+            # an op whose output size depends on data (nonzero in a boolean mask's backward) needs
+            # symbolic sizes: trace again with a ShapeEnv (made only here: creating one is slow)
+            fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+            signature, joint = _analyse_and_trace(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
         num_forward = len(signature.differentiable)
         self.partition = partition(joint, len(primals), num_forward, recompute=recompute,
                                    unsaveable=signature.mutated)
@@ -78,6 +86,11 @@ class TrainingGraph(TrainingRun):
 
     def _compile_backward_graph(self, saved, tangents):
         return _compile_graph(self.partition.backward, [*saved, *tangents], self.options, self.inner)
+
+
+def _analyse_and_trace(flat_graph, example_inputs, primals, fake_mode, decompositions):
+    signature = analyse(flat_graph, example_inputs, primals, fake_mode, decompositions)
+    return signature, trace_joint(flat_graph, signature, fake_mode, primals, decompositions)
 
 
 def analyse(flat_graph, example_inputs, primals, fake_mode, decompositions):

@@ -2,6 +2,7 @@
 Gradients and parameters after the call equal eager's."""
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -66,3 +67,30 @@ def test_optimizer_step_outside_compiled_forward():
             m(x).square().mean().backward()
             opt.step()
     assert_params_equal(model, eager)
+
+
+def _masked_write(x, mask, v):
+    x = x.clone()
+    x[mask] = v
+    return x
+
+
+def _masked_column_write(x, mask, v):
+    x = x.clone()
+    x[:, mask] = v
+    return x
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("fn, shape", [(_masked_write, (4,)), (_masked_column_write, (3, 4))])
+def test_boolean_mask_assignment_trains(fn, shape, backend):
+    """The backward of x[mask] = v reads v's gradient at the mask's true places: a size known only
+    from the data (nonzero), which the training trace needs symbolic sizes for."""
+    mask = torch.tensor([True, False, True, False])
+    x, v = torch.randn(*shape, requires_grad=True), torch.randn(2, requires_grad=True)
+    out = kiln.compile(fn, backend=backend)(x, mask, v)
+    ref = fn(x, mask, v)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    for got, want in zip(torch.autograd.grad(out, (x, v), g), torch.autograd.grad(ref, (x, v), g)):
+        torch.testing.assert_close(got, want)
