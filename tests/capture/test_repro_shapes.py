@@ -1,6 +1,7 @@
 """Real-code shapes from PyTorch's repro collection, written as our own programs: how a tensor is
 iterated, TorchScript functions called from a frame, and other calls real models make."""
 import operator
+import warnings
 
 import pytest
 import torch
@@ -93,3 +94,28 @@ def test_a_forward_disabled_non_recursively_runs_eagerly_and_its_callees_compile
     counter = CompileCounter()
     torch.testing.assert_close(kiln.compile(f, backend=counter)(x), f(x))
     assert _nodes(counter) == [torch.cos, operator.mul]
+
+
+def _length_quietly(v):
+    with warnings.catch_warnings(record=True) as caught:
+        n = len(v)
+    return n, caught
+
+
+def test_a_catch_warnings_block_is_captured_whole():
+    def f(x):
+        n, caught = _length_quietly(x)
+        with warnings.catch_warnings():
+            y = x * n
+        return y + 1, caught
+    x = torch.randn(5)
+    counter = CompileCounter()
+    out, caught = kiln.compile(f, backend=counter, fullgraph=True)(x)
+    want, want_caught = f(x)
+    torch.testing.assert_close(out, want)
+    assert caught == want_caught == [] and type(caught) is list
+    assert counter.frame_count == 1 and counter.op_count == 2
+    with warnings.catch_warnings(record=True) as outside:  # the filters the block changed are restored
+        warnings.simplefilter("always")
+        warnings.warn("seen")
+    assert len(outside) == 1
