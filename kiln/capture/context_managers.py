@@ -117,15 +117,6 @@ def _set_grad_enabled_now(frame, args, kwargs):
     return const(None)
 
 
-def _profiler_label(frame, args, kwargs):
-    """torch.autograd.profiler.record_function(name): a label for the profiler, not computation (the
-    optimizers' step and zero_grad open one). Inside a graph it marks nothing, as under
-    torch.compile: capture enters a contextlib.nullcontext in its place, whose `as` value is a
-    record_function made natively but never entered (making one records nothing)."""
-    label = objects.fold_natively(frame.og, torch.autograd.profiler.record_function, args, kwargs)
-    return call(frame, frame.og.wrap(contextlib.nullcontext, None, guard=False), [label], {})
-
-
 def _catch_warnings(frame, args, kwargs):
     """warnings.catch_warnings(record=..., ...): the ops in a graph warn (if at all) when capture runs
     them, not when the graph does, and a warnings call inside the block is a graph break; so in the
@@ -137,7 +128,6 @@ def _catch_warnings(frame, args, kwargs):
     return call(frame, frame.og.wrap(contextlib.nullcontext, None, guard=False), [entered], {})
 
 
-objects.CONSTRUCTORS[torch.autograd.profiler.record_function] = _profiler_label
 objects.CONSTRUCTORS[warnings.catch_warnings] = _catch_warnings
 objects.CONSTRUCTORS[torch.inference_mode] = _inference_mode
 objects.CONSTRUCTORS[torch.no_grad] = _grad_mode(torch.no_grad)

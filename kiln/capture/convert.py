@@ -22,7 +22,8 @@ from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
 from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
-                          library_models, numpy_support, function_transforms, python_builtins, weakref_models,
+                          library_models, numpy_support, function_transforms, profiler_blocks, python_builtins,
+                          weakref_models,
                           checkpoint_models, collectives_models, distributed_models)  # their models)
 from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.glue import Glue
@@ -31,7 +32,7 @@ from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyAr
 from kiln.capture.objects import const_value
 from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
-from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
+from kiln.capture.variables import ExitVariable, GradModeExit, NativeExit, NullVariable, ObjectVariable
 from kiln.debug import break_kinds
 from kiln.debug.logs import enabled, log
 from kiln.distributed import ddp_buckets
@@ -182,17 +183,18 @@ def _normal_flow(insts, index_of):
 
 
 def _only_grad_mode_blocks(insts, offset, open_exits):
-    """Every with-block open at `offset` is a grad-mode block (no_grad, enable_grad, set_grad_enabled)."""
+    """Every with-block open at `offset` is a grad-mode block (no_grad, enable_grad, set_grad_enabled)
+    or a profiler block: blocks whose exit the glue can hand to a resume function."""
     return len(open_exits) == _with_depth(insts, offset) and all(_is_grad_exit(e) for e in open_exits)
 
 
 def _is_exit(v):
     """A with-block's exit on the stack: capture's own, or a grad-mode exit a resume function was given."""
-    return isinstance(v, ExitVariable) or isinstance(v, ObjectVariable) and isinstance(v.value, GradModeExit)
+    return isinstance(v, ExitVariable) or isinstance(v, ObjectVariable) and isinstance(v.value, (GradModeExit, NativeExit))
 
 
 def _is_grad_exit(v):
-    return isinstance(v, ObjectVariable) or v.restores is not None
+    return isinstance(v, ObjectVariable) or v.restores is not None or v.native is not None
 
 
 def _in_with_block(insts, offset):

@@ -23,7 +23,7 @@ from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
                                     MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
-                                    HandlerVariable,
+                                    HandlerVariable, NativeExit,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, PartialVariable, RealCell, RuntimeFunctionVariable, SetVariable,
                                     SliceVariable, SuperVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable,
@@ -1645,6 +1645,9 @@ def _call_value(frame, fn_var, args, kwargs):
             getattr(fn, "__objclass__", None) in (list, tuple, dict, set) and \
             isinstance(args[0], (ListVariable, TupleVariable, DictVariable, SetVariable)):
         return _call_method_var(frame, MethodVariable(fn, args[0]), args[1:], kwargs)  # tuple.__getitem__(self, i)
+    if isinstance(fn, NativeExit):  # the end of a profiler block a break cut in two: after the graph call
+        og.native_exits.append(fn_var)
+        return const(None)
     if isinstance(fn, GradModeExit):  # the end of a grad-mode block a break cut in two
         if fn_var.source is not None:
             og.guards.id_match(fn_var.source, fn)
