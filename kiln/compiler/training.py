@@ -21,6 +21,8 @@ sizes the trace uses the symbolic fake values capture records on the placeholder
 compiled forward and backward serve every size. Double backward through the compiled backward
 is refused with an error (it is not differentiable), never answered with a wrong gradient.
 """
+import dataclasses
+
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import traceback as fx_traceback
@@ -71,6 +73,7 @@ class TrainingGraph(TrainingRun):
             # symbolic sizes: trace again with a ShapeEnv (made only here: creating one is slow)
             fake_mode = FakeTensorMode(shape_env=ShapeEnv())
             signature, joint = _analyse_and_trace(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
+        signature = dataclasses.replace(signature, no_gradient=_no_gradient(joint, signature))
         num_forward = len(signature.differentiable)
         self.partition = partition(joint, len(primals), num_forward, recompute=recompute,
                                    unsaveable=signature.mutated)
@@ -86,6 +89,14 @@ class TrainingGraph(TrainingRun):
 
     def _compile_backward_graph(self, saved, tangents):
         return _compile_graph(self.partition.backward, [*saved, *tangents], self.options, self.inner)
+
+
+def _no_gradient(joint, sig):
+    """Inputs that require grad whose gradient the joint graph does not compute (None), and that the
+    graph neither writes nor returns as themselves."""
+    grads = joint.graph.output_node().args[0][len(sig.computed) + len(sig.mutated):]
+    kept = set(sig.mutated) | {i for _, i, _ in sig.aliases}
+    return tuple(i for i, g in zip(sig.grad_inputs, grads) if g is None and i not in kept)
 
 
 def _analyse_and_trace(flat_graph, example_inputs, primals, fake_mode, decompositions):

@@ -31,6 +31,8 @@ class GraphSignature:
     output_requires_grad: tuple   # per computed output
     mutated: tuple                # inputs gm writes in place
     mutation_differentiable: tuple  # per mutated input: autograd recorded the write
+    no_gradient: tuple = ()       # inputs that require grad but get no gradient from the graph (only
+                                  # detached inside it): passed detached, so autograd's graph ends there
 
     @property
     def num_outputs(self):
@@ -63,6 +65,7 @@ class RuntimePlan:
     non_differentiable: tuple     # indices of forward results autograd must not differentiate
     all_differentiable: bool
     all_inputs_need_grad: bool
+    detach: tuple                 # inputs passed to the autograd node detached (sig.no_gradient)
 
     @staticmethod
     def of(sig, saved_all_tensors):
@@ -71,7 +74,7 @@ class RuntimePlan:
         return RuntimePlan(
             outputs_are_results, rebuilder(sig.out_spec) if outputs_are_results else None, saved_all_tensors,
             tuple(k for k, d in enumerate(differentiable) if not d), all(differentiable),
-            all(sig.requires_grad))
+            all(sig.requires_grad), sig.no_gradient)
 
 
 class TrainingRun:
@@ -89,6 +92,8 @@ class TrainingRun:
 
     def __call__(self, *args):
         flat = (*args, *self.state) if self.state else args
+        if self.plan.detach:  # (eager's graph does not reach them: a backward must not run into their history)
+            flat = tuple(x.detach() if i in self.plan.detach else x for i, x in enumerate(flat))
         results = _CompiledFunction.apply(self, *flat)
         if self.plan.outputs_are_results:  # no writes, no aliases: the common case
             return self.plan.rebuild(results)

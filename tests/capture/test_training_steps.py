@@ -94,3 +94,19 @@ def test_boolean_mask_assignment_trains(fn, shape, backend):
     g = torch.randn_like(ref)
     for got, want in zip(torch.autograd.grad(out, (x, v), g), torch.autograd.grad(ref, (x, v), g)):
         torch.testing.assert_close(got, want)
+
+
+def _two_backwards(a, b):
+    h = a @ torch.ones(2, 2)
+    (h - 1).abs().mean().backward()  # frees h's graph, as eager does
+    (b @ h.detach()).mean().backward()  # the second graph gets h but only uses it detached
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_graph_input_used_only_detached_keeps_autograd_out_of_its_history(backend):
+    a, b = torch.randn(2, 2, requires_grad=True), torch.randn(2, 2, requires_grad=True)
+    a2, b2 = a.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
+    _two_backwards(a, b)
+    kiln.compile(_two_backwards, backend=backend)(a2, b2)
+    torch.testing.assert_close(a2.grad, a.grad)
+    torch.testing.assert_close(b2.grad, b.grad)
