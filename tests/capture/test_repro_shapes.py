@@ -119,3 +119,28 @@ def test_a_catch_warnings_block_is_captured_whole():
         warnings.simplefilter("always")
         warnings.warn("seen")
     assert len(outside) == 1
+
+
+def tail_from_a_tensor_index(x, idx):
+    y = x.sin() * 2
+    tail = y[idx::1]  # a slice bound that is a tensor: BUILD_SLICE needs its value
+    return (tail + 3) * 5
+
+
+def sum_of_tails(x, starts):
+    total = x.cos().sum()
+    for s in starts:  # a break in a loop: the rest runs eagerly, no resume function per iteration
+        total = total + x[s::1].sum()
+    return total
+
+
+@pytest.mark.parametrize("fn, args, ops", [
+    (tail_from_a_tensor_index, (torch.randn(8), torch.tensor(3)), 2),
+    (sum_of_tails, (torch.randn(6), torch.tensor([1, 4])), 4),  # cos, sum, and the loop's starts[0], starts[1]
+], ids=["straight", "in_a_loop"])
+def test_a_break_kiln_cannot_resume_after_compiles_the_graph_so_far(fn, args, ops):
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter)
+    torch.testing.assert_close(compiled(*args), fn(*args))
+    torch.testing.assert_close(compiled(*args), fn(*args))
+    assert counter.frame_count == 1 and counter.op_count == ops  # the graph before the slice; the rest eagerly
