@@ -125,8 +125,9 @@ def analyse(flat_graph, example_inputs, primals, fake_mode, decompositions):
     differentiable = tuple(
         inputs[i].grad_fn is not clone_grad_fns[i] if i in cloned else inputs[i].requires_grad
         for i in mutated)
+    views = tuple((v.output_index, v.base_index, v.view, v.base_layout) for v in aten_graph.output_views)
     return GraphSignature(requires_grad, aten_graph.out_spec, aliases, computed,
-                          tuple(flat[k].requires_grad for k in computed), mutated, differentiable)
+                          tuple(flat[k].requires_grad for k in computed), mutated, differentiable, views)
 
 
 def _run_user_graph(flat_graph, primals, cloned):

@@ -31,6 +31,9 @@ class GraphSignature:
     output_requires_grad: tuple   # per computed output
     mutated: tuple                # inputs gm writes in place
     mutation_differentiable: tuple  # per mutated input: autograd recorded the write
+    views: tuple = ()             # (output, base output, view layout, base layout): outputs eager returns as
+                                  # views of another output, made outside the autograd node (in-place
+                                  # writes to them must stay legal, as in eager)
     no_gradient: tuple = ()       # inputs that require grad but get no gradient from the graph (only
                                   # detached inside it): passed detached, so autograd's graph ends there
 
@@ -70,7 +73,7 @@ class RuntimePlan:
     @staticmethod
     def of(sig, saved_all_tensors):
         differentiable = sig.differentiable
-        outputs_are_results = not sig.mutated and not sig.aliases
+        outputs_are_results = not sig.mutated and not sig.aliases and not sig.views
         return RuntimePlan(
             outputs_are_results, rebuilder(sig.out_spec) if outputs_are_results else None, saved_all_tensors,
             tuple(k for k, d in enumerate(differentiable) if not d), all(differentiable),
@@ -104,6 +107,10 @@ class TrainingRun:
             outputs[k] = value
         for k, i, view in sig.aliases:  # after the write-back: views see the new values
             outputs[k] = flat[i] if view is None else flat[i].as_strided(*view)
+        for k, j, view, base_layout in sig.views:
+            base = outputs[j]
+            if (base.stride(), base.storage_offset()) == base_layout:
+                outputs[k] = base.as_strided(*view)
         return pytree.tree_unflatten(outputs, sig.out_spec)
 
     def backward(self, saved, tangents):

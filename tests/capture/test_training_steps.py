@@ -110,3 +110,23 @@ def test_a_graph_input_used_only_detached_keeps_autograd_out_of_its_history(back
     kiln.compile(_two_backwards, backend=backend)(a2, b2)
     torch.testing.assert_close(a2.grad, a.grad)
     torch.testing.assert_close(b2.grad, b.grad)
+
+
+def _flat_and_whole(x):
+    doubled = x * 2
+    return doubled.view(-1), doubled
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_outputs_that_view_one_another_stay_writable_views_in_training(backend):
+    x = torch.randn(2, 3, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    flat, whole = _flat_and_whole(x)
+    got_flat, got_whole = kiln.compile(_flat_and_whole, backend=backend)(x2)
+    flat.mul_(3)
+    got_flat.mul_(3)  # a view of another output: writing through it is legal and seen by both, as in eager
+    torch.testing.assert_close(got_whole, whole)
+    assert got_flat._base is got_whole
+    (whole.sum() + flat.sum()).backward()
+    (got_whole.sum() + got_flat.sum()).backward()
+    torch.testing.assert_close(x2.grad, x.grad)
