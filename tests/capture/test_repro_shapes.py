@@ -144,3 +144,16 @@ def test_a_break_kiln_cannot_resume_after_compiles_the_graph_so_far(fn, args, op
     torch.testing.assert_close(compiled(*args), fn(*args))
     torch.testing.assert_close(compiled(*args), fn(*args))
     assert counter.frame_count == 1 and counter.op_count == ops  # the graph before the slice; the rest eagerly
+
+
+def _scaled(x, c=None):
+    return (2 if c is None else c) * x
+
+
+def test_kiln_compile_called_inside_a_compiled_frame_is_followed_into_its_graph():
+    def outer(x):
+        return kiln.compile(_scaled, backend="eager")(x) + 1
+    x = torch.randn(4)
+    counter = CompileCounter()
+    torch.testing.assert_close(kiln.compile(outer, backend=counter, fullgraph=True)(x), outer(x))
+    assert counter.frame_count == 1 and counter.op_count == 2
