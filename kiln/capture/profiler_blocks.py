@@ -11,7 +11,7 @@ import torch
 
 from kiln.capture import glue, graph_builder, objects
 from kiln.capture.objects import const_value
-from kiln.capture.variables import NativeBlockVariable, NativeExit, ObjectVariable
+from kiln.capture.variables import NativeBlockVariable, NativeExit, ObjectVariable, const
 
 BLOCK_CLASSES = (torch.profiler.profile, torch.autograd.profiler.profile, torch.autograd.profiler.record_function)
 
@@ -22,6 +22,16 @@ def _block(cls):
         return NativeBlockVariable(cls, tuple(const_value(a, why) for a in args),
                                    {k: const_value(v, why) for k, v in kwargs.items()})
     return construct
+
+
+class BlockModel(objects.TypeModel):
+    """A profiler block's attributes: a label's name and args (what its constructor stored); others
+    change as the block runs, which happens outside the graph."""
+
+    def attribute(self, frame, block, name):
+        if block.cls is torch.autograd.profiler.record_function and name in ("name", "args"):
+            return const(getattr(block.cls(*block.args, **block.kwargs), name))
+        raise objects.Unsupported(f"attribute {name!r} of a {block.cls.__qualname__} block made in the frame")
 
 
 def _rebuild_block(g, block):
@@ -36,14 +46,8 @@ def _wrap_exit(og, value, source, guard):
     return ObjectVariable(value, source)
 
 
-def exit_later(frame, exit_var):
-    """Calling a block's exit in the frame: the glue calls it after the graph call."""
-    if isinstance(exit_var, ObjectVariable) and exit_var.source is None:
-        raise objects.Unsupported("the exit of a profiler block that is not one of the frame's values")
-    frame.og.native_exits.append(exit_var)
-
-
 for _cls in BLOCK_CLASSES:
     objects.CONSTRUCTORS[_cls] = _block(_cls)
+objects.VARIABLE_MODELS[NativeBlockVariable] = BlockModel()
 glue.REBUILDERS[NativeBlockVariable] = _rebuild_block
 graph_builder.VALUE_WRAPPERS[NativeExit] = _wrap_exit
