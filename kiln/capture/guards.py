@@ -53,6 +53,7 @@ class GuardSet:
         self.guards = []
         self._seen = set()
         self._classes = set()  # ids of the classes guarded unchanged
+        self._tuples = {}  # (keys, their types) -> the one tuple interned for them (keys_match)
         self.liveness = Liveness()
 
     def add(self, source, check, text=None, portable=_SAME, native=None):
@@ -68,6 +69,12 @@ class GuardSet:
 
     def const(self, obj, hint="C"):
         return self.ctx.const(obj, hint)
+
+    def _interned(self, names):
+        """One object for equal tuples of str/int keys, so equal checks on one source dedup into one."""
+        if not all(type(k) in (str, int) for k in names):
+            return names
+        return self._tuples.setdefault((names, tuple(map(type, names))), names)
 
     def ref(self, obj, hint):
         """An expression for `obj` in a guard: a plain constant, or a call of a weak reference (None
@@ -110,8 +117,10 @@ class GuardSet:
             self.add(source, f"type(v) is {type(value).__name__} and v == {value!r}", f"{source!r} == {value!r}")
         else:
             c = self.const(value, "K")
-            self.add(source, f"type(v) is {self.ref(type(value), 'T')} and v == {c}",
-                     f"{source!r} == {value!r}")
+            check = f"type(v) is {self.ref(type(value), 'T')} and v == {c}"
+            if type(value) is types.CodeType:  # immutable: the same object is equal without a field-by-field compare
+                check = f"v is {c} or ({check})"
+            self.add(source, check, f"{source!r} == {value!r}")
 
     def tensor_match(self, source, t, dynamic=()):
         dt, device = self.const(t.dtype, "DT"), self._device_check(t)
@@ -151,7 +160,7 @@ class GuardSet:
                  f"type({source!r}) is {type(value).__name__} and len == {len(value)}")
 
     def keys_match(self, source, value):
-        keys = self.const(tuple(value.keys()), "KEYS")
+        keys = self.const(self._interned(tuple(value.keys())), "KEYS")
         if any(isinstance(k, torch.Tensor) for k in value):  # tensor keys compare by identity, as a dict does
             same = f"len(v) == {len(value)} and all(a is b for a, b in zip(v, {keys}))"
         else:
