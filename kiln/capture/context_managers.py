@@ -5,13 +5,14 @@ too. Registers its models in objects."""
 import contextlib
 import inspect
 import types
+import warnings
 
 import torch
 
 from kiln.capture import glue, graph_builder, objects
 from kiln.capture.objects import TypeModel, call, const_value
 from kiln.capture.python_builtins import BUILTIN_HANDLERS
-from kiln.capture.variables import ConstantVariable, GradModeVariable, MethodVariable, const
+from kiln.capture.variables import ConstantVariable, GradModeVariable, ListVariable, MethodVariable, const
 from kiln.exc import Unsupported
 
 
@@ -116,16 +117,18 @@ def _set_grad_enabled_now(frame, args, kwargs):
     return const(None)
 
 
-def _profiler_label(frame, args, kwargs):
-    """torch.autograd.profiler.record_function(name): a label for the profiler, not computation (the
-    optimizers' step and zero_grad open one). Inside a graph it marks nothing, as under
-    torch.compile: capture enters a contextlib.nullcontext in its place, whose `as` value is a
-    record_function made natively but never entered (making one records nothing)."""
-    label = objects.fold_natively(frame.og, torch.autograd.profiler.record_function, args, kwargs)
-    return call(frame, frame.og.wrap(contextlib.nullcontext, None, guard=False), [label], {})
+def _catch_warnings(frame, args, kwargs):
+    """warnings.catch_warnings(record=..., ...): the ops in a graph warn (if at all) when capture runs
+    them, not when the graph does, and a warnings call inside the block is a graph break; so in the
+    graph the block is a contextlib.nullcontext whose `as` value is what entering gives: a new, empty
+    list with record=True, else None (as torch.compile treats it)."""
+    bound = inspect.signature(warnings.catch_warnings).bind(*args, **kwargs)
+    record = bool(const_value(bound.arguments.get("record", const(False)), "catch_warnings(record=...)"))
+    entered = ListVariable([]) if record else const(None)
+    return call(frame, frame.og.wrap(contextlib.nullcontext, None, guard=False), [entered], {})
 
 
-objects.CONSTRUCTORS[torch.autograd.profiler.record_function] = _profiler_label
+objects.CONSTRUCTORS[warnings.catch_warnings] = _catch_warnings
 objects.CONSTRUCTORS[torch.inference_mode] = _inference_mode
 objects.CONSTRUCTORS[torch.no_grad] = _grad_mode(torch.no_grad)
 objects.CONSTRUCTORS[torch.enable_grad] = _grad_mode(torch.enable_grad)

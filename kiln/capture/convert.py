@@ -22,7 +22,8 @@ from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
 from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, function_objects, generator_models, itertools_models,
-                          library_models, numpy_support, function_transforms, python_builtins, weakref_models,
+                          library_models, numpy_support, function_transforms, profiler_blocks, python_builtins,
+                          weakref_models,
                           checkpoint_models, collectives_models, distributed_models)  # their models)
 from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.glue import Glue
@@ -31,7 +32,7 @@ from kiln.capture.interpreter import BINARY_OPS, COMPARE_OPS, UNARY_OPS, _LazyAr
 from kiln.capture.objects import const_value
 from kiln.capture.resume import live_locals, parameters, resume_code
 from kiln.capture.sources import LocalSource
-from kiln.capture.variables import ExitVariable, GradModeExit, NullVariable, ObjectVariable
+from kiln.capture.variables import ExitVariable, GradModeExit, NativeExit, NullVariable, ObjectVariable
 from kiln.debug import break_kinds
 from kiln.debug.logs import enabled, log
 from kiln.distributed import ddp_buckets
@@ -72,6 +73,7 @@ class Capture:
         # what the glue calls at a break: callees and resume functions, through the runtime (runtime.Caller)
         self.caller = caller
         self.break_at = None
+        self.eager_rest = False  # the break's instruction and the rest of the frame run eagerly (no resume after it)
         self.break_reason = None
         self.requested = None
         self.requested_exits = []  # the with-blocks open at the requested break (their ExitVariables)
@@ -101,13 +103,22 @@ class Capture:
                 why_not = _why_not_breakable(self.code, inst, self.requested_exits)
                 if why_not and isinstance(e, GradModeBreak):  # with grad on at entry, it captures
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
-                if why_not:
+                self.eager_rest = bool(why_not) and self._rest_can_run_eagerly(inst)
+                if why_not and not self.eager_rest:
                     raise EagerFrame(f"graph break at {e.where}: {e.msg}; frame runs eagerly: {why_not}") from e
                 self.break_at, self.break_reason = inst.offset, _detached(e)
             finally:
                 self.og.leave_contexts()
                 self.og.frame = None  # (the frame holds the program's objects; what keeps og must not)
         raise EagerFrame("capture did not settle")
+
+    def _rest_can_run_eagerly(self, inst):
+        """A break at an instruction capture cannot resume after (BUILD_SLICE, ...): the graph so far is
+        compiled and the frame continues eagerly from that instruction, as torch.compile does (its callees
+        still compile); loops are no obstacle then (no resume function per iteration). Not with an empty
+        graph: then the whole frame runs eagerly (a resume function starting there comes here too)."""
+        return inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in _CALLS and \
+            self.og.op_count() > 0 and _why_not_breakable(self.code, inst, self.requested_exits, eager_rest=True) is None
 
     def _cannot(self, msg):
         where = f"{self.code.co_filename}:{self.code.co_firstlineno}"
@@ -136,8 +147,10 @@ def _detached(error):
     return error
 
 
-def _why_not_breakable(code, inst, open_exits=()):
-    if inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in _CALLS:
+def _why_not_breakable(code, inst, open_exits=(), eager_rest=False):
+    """Why capture cannot break at `inst` and resume after it (None: it can). `eager_rest`: the frame
+    would continue eagerly from `inst` instead, which needs no resume function per loop iteration."""
+    if not eager_rest and inst.opname not in _JUMPS and inst.opname not in _NATIVE_OPS and inst.opname not in _CALLS:
         return f"cannot resume after {inst.opname}"
     insts, index_of = interp.instructions(code)
     for entry in facts.exception_table(code):
@@ -154,7 +167,7 @@ def _why_not_breakable(code, inst, open_exits=()):
             if entry.lasti:  # inside an except/finally handler: the exception being handled cannot be carried
                 return "the break is inside an exception handler"
     normal = _normal_flow(insts, index_of)
-    for i in insts:
+    for i in insts if not eager_rest else ():
         if facts.is_backward_jump(i) and i.argval <= inst.offset < i.offset and i.offset in normal:
             return "the break is inside a loop"
     if inst.opname == "COMPARE_OP" and inst.argval not in COMPARE_OPS:
@@ -182,17 +195,18 @@ def _normal_flow(insts, index_of):
 
 
 def _only_grad_mode_blocks(insts, offset, open_exits):
-    """Every with-block open at `offset` is a grad-mode block (no_grad, enable_grad, set_grad_enabled)."""
+    """Every with-block open at `offset` is a grad-mode block (no_grad, enable_grad, set_grad_enabled)
+    or a profiler block: blocks whose exit the glue can hand to a resume function."""
     return len(open_exits) == _with_depth(insts, offset) and all(_is_grad_exit(e) for e in open_exits)
 
 
 def _is_exit(v):
     """A with-block's exit on the stack: capture's own, or a grad-mode exit a resume function was given."""
-    return isinstance(v, ExitVariable) or isinstance(v, ObjectVariable) and isinstance(v.value, GradModeExit)
+    return isinstance(v, ExitVariable) or isinstance(v, ObjectVariable) and isinstance(v.value, (GradModeExit, NativeExit))
 
 
 def _is_grad_exit(v):
-    return isinstance(v, ObjectVariable) or v.restores is not None
+    return isinstance(v, ObjectVariable) or v.restores is not None or v.native is not None
 
 
 def _in_with_block(insts, offset):
@@ -331,7 +345,9 @@ def _break_tail(cap, glue, brk):
     caller = glue.const(cap.caller, "CALL")
     resume = lambda below, offset, extra: _resume_call(cap, glue, frame, below, offset, extra)  # noqa: E731
 
-    if inst.opname in _JUMPS:
+    if cap.eager_rest:  # the instruction itself starts the rest, which runs eagerly
+        native, after = [], [resume(stack, inst.offset, [])]
+    elif inst.opname in _JUMPS:
         value, below = stack[-1], stack[:-1]
         v = glue.value(value)
         jumps_if, keep = _JUMPS[inst.opname]
@@ -377,7 +393,7 @@ def _break_tail(cap, glue, brk):
         # mode): the construct and the rest run in the mode capture was in there
         native = [f"{glue.const(torch._C._set_grad_enabled, 'SETGRAD')}({cap.og.grad_enabled})"] + native
     handler = _covering_handler(frame.code, inst.offset)
-    if handler is not None:
+    if handler is not None and native:
         exc_stack = stack[:handler.depth]
         extra = ([repr(inst.offset)] if handler.lasti else []) + ["__e"]
         on_error = resume(exc_stack, handler.target, extra)

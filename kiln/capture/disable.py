@@ -37,6 +37,7 @@ def disable(fn=None, recursive=True):
         def shallow(*args, **kwargs):
             return orig(*args, **kwargs)
         shallow.__kiln_disabled__ = True
+        shallow.__kiln_shallow__ = orig  # what runs eagerly (the runtime compiles its callees)
         return shallow
 
     @functools.wraps(orig)

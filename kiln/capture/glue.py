@@ -18,7 +18,7 @@ from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
                                     DictVariable, DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator,
                                     MapIterator, SequenceIterator, ZipIterator,
-                                    FreshObjectVariable, GeneratorVariable, GradModeExit,
+                                    FreshObjectVariable, GeneratorVariable, GradModeExit, NativeExit, close_block, open_block,
                                     FunctionVariable, IteratorVariable, ListVariable, MethodVariable, NDArrayVariable, ObjectIterator,
                                     ObjectVariable, PartialVariable, SetVariable, SliceVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable)
@@ -98,9 +98,36 @@ class Glue:
         self._n = 0
         self._deferred = []    # lines that fill objects/cells after all of them exist
         self.at_break = False  # the values are handed to a resume function (else: returned)
+        self._blocks_entered = [self._enter_block(block) for block in og.native_enters]
 
     def const(self, obj, hint="C"):
         return self.ctx.const(obj, hint)
+
+    def _enter_block(self, block):
+        """The line that makes and enters a profiler block before the graph call; `block` is named."""
+        name = self._new_tmp()
+        self._tmp[id(block)] = name
+        self._alive.append(block)
+        return (f"{name} = {self.const(open_block, 'OPENBLOCK')}({self.const(block.cls, 'CLS')}, "
+                f"{self.const(block.args, 'K')}, {self.const(block.kwargs, 'K')})")
+
+    def _around_graph(self, call):
+        """`call` (the graph call) with the profiler blocks of this frame entered before it and the
+        ones whose block ended in it left after it (also when it raises)."""
+        close = self.const(close_block, "CLOSEBLOCK")
+        closes, unwinding = [], []
+        for e in self.og.native_exits:
+            fn, pre = (close, f"{self._tmp[id(e.native)]}, ") if isinstance(e, ExitVariable) else \
+                (e.source.expr(self.ctx), "")
+            closes.append(f"{fn}({pre}None, None, None)")
+            unwinding.insert(0, f"    {fn}({pre}type(__e), __e, __e.__traceback__)")
+        closed = {id(e.native) for e in self.og.native_exits if isinstance(e, ExitVariable)}
+        unwinding[:0] = [f"    {close}({self._tmp[id(b)]}, type(__e), __e, __e.__traceback__)"
+                         for b in reversed(self.og.native_enters) if id(b) not in closed]  # (inner blocks first)
+        if not closes and not self._blocks_entered:
+            return [call]
+        return [*self._blocks_entered, "try:", f"    {call}", "except BaseException as __e:", *unwinding,
+                "    raise", *closes]
 
     def _new_tmp(self):
         self._n += 1
@@ -195,6 +222,8 @@ class Glue:
             return "slice(" + ", ".join(self.value(p) for p in var.parts) + ")"
         if isinstance(var, ExitVariable) and var.restores is not None:
             return self.const(GradModeExit.restoring(var.restores), "EXIT")
+        if isinstance(var, ExitVariable) and var.native is not None:
+            return f"{self.const(NativeExit, 'NATIVEEXIT')}({self.value(var.native)})"
         if isinstance(var, GeneratorVariable) and var.done:
             return f"{self.const(_finished_generator, 'DONEGEN')}()"
         if isinstance(var, GeneratorVariable) and var.count == 0:
@@ -362,7 +391,9 @@ class Glue:
             shared = _SharedBases(self.ctx, input_sources)
             args = ", ".join(s.expr(shared) for s in input_sources)
             lines += shared.lines
-            lines.append(f"__o = {self.const(graph_fn, 'GRAPH')}({args})")
+            lines += self._around_graph(f"__o = {self.const(graph_fn, 'GRAPH')}({args})")
+        else:
+            lines += self._around_graph("pass")
         lines += self.lines + tail
         uses_g = any("G[" in line for line in lines)
         body = (["G = F.__globals__"] if uses_g else []) + lines

@@ -106,6 +106,8 @@ class OutputGraph:
         self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
         self.guards = GuardSet()
         self.side_effects = SideEffects()
+        self.native_enters = []  # profiler blocks the glue enters before the graph call (profiler_blocks.py)
+        self.native_exits = []   # ... and the exits it calls after it, in order
         self.inputs = []  # (source, real tensor or number, node) in placeholder order
         self._input_versions = []  # per tensor input: (fake, its version counter on entry): a change means a write
         self.folded_numbers = []  # (source, value) of the caller's ints/floats folded in as constants

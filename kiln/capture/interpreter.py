@@ -21,7 +21,7 @@ from kiln.capture.user_files import is_user_file
 from kiln.capture.variables import (NULL, AutocastVariable, Variable, BaseIterator, CellVariable, ConstantVariable, DictVariable,
                                     ExitVariable,
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
-                                    ListVariable,
+                                    ListVariable, NativeBlockVariable,
                                     NullVariable, ObjectVariable, RealCell, SliceVariable, SymNodeVariable,
                                     TensorVariable, TupleVariable, const)
 from kiln.exc import Unsupported
@@ -778,6 +778,13 @@ class Frame:
             self.og.set_grad_enabled(ctx.enabled)
             self.push(ExitVariable(lambda: self.og.set_grad_enabled(prior), restores=prior))
             self.push(const(None))
+            return
+        if isinstance(ctx, NativeBlockVariable):  # entered by the glue before the graph call
+            self.og.native_enters.append(ctx)
+            exit_var = ExitVariable(None, native=ctx)
+            exit_var.on_exit = lambda: self.og.native_exits.append(exit_var)
+            self.push(exit_var)
+            self.push(ctx)  # (what their __enter__ returns)
             return
         if isinstance(ctx, AutocastVariable):
             self.push(ExitVariable(self.og.enter_autocast(ctx.mode_args)))

@@ -26,6 +26,7 @@ import sys
 import types
 import unicodedata
 
+from kiln import api
 from kiln.capture import graph_builder, objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
@@ -167,6 +168,15 @@ class PurePathModel(TypeModel):
 
 
 BUILTIN_HANDLERS[os.fspath] = _fspath
+
+
+def _compile_in_frame(frame, args, kwargs):
+    """kiln.compile(fn, ...) called inside a compiled frame: made natively; calling what it returns
+    follows `fn` into this frame's graph (as torch.compile inside torch.compile does)."""
+    return objects.fold_natively(frame.og, api.compile, args, kwargs)
+
+
+BUILTIN_HANDLERS[api.compile] = _compile_in_frame
 BUILTIN_HANDLERS[sys.intern] = lambda frame, args, kwargs: objects.fold_natively(frame.og, sys.intern, args, kwargs)
 for _cls in (pathlib.PurePath, pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.Path, type(pathlib.Path())):
     objects.CONSTRUCTORS[_cls] = _path(_cls)

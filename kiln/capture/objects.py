@@ -23,7 +23,7 @@ from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
                                     MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
-                                    HandlerVariable,
+                                    HandlerVariable, NativeExit,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, PartialVariable, RealCell, RuntimeFunctionVariable, SetVariable,
                                     SliceVariable, SuperVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable,
@@ -701,7 +701,9 @@ def unpack_iterable(frame, v):
     if isinstance(v, TensorVariable):
         if v.fake.dim() == 0:
             raise Unsupported("iterating over a 0-d tensor")
-        return unpack_iterable(frame, frame.og.call_op("call_method", "unbind", [v], {}))
+        # one x[i] per row, as torch.compile records it (a size that is symbolic is pinned: the count is fixed)
+        return [frame.og.call_op("call_function", operator.getitem, [v, const(i)], {})
+                for i in range(int(v.fake.shape[0]))]
     if isinstance(v, ObjectVariable) and isinstance(v.value, torch.nn.Module):
         mod = v.value
         if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
@@ -1643,6 +1645,9 @@ def _call_value(frame, fn_var, args, kwargs):
             getattr(fn, "__objclass__", None) in (list, tuple, dict, set) and \
             isinstance(args[0], (ListVariable, TupleVariable, DictVariable, SetVariable)):
         return _call_method_var(frame, MethodVariable(fn, args[0]), args[1:], kwargs)  # tuple.__getitem__(self, i)
+    if isinstance(fn, NativeExit):  # the end of a profiler block a break cut in two: after the graph call
+        og.native_exits.append(fn_var)
+        return const(None)
     if isinstance(fn, GradModeExit):  # the end of a grad-mode block a break cut in two
         if fn_var.source is not None:
             og.guards.id_match(fn_var.source, fn)
@@ -1650,6 +1655,9 @@ def _call_value(frame, fn_var, args, kwargs):
         return const(None)
     if isinstance(fn, types.FunctionType):
         return call_python_function(frame, fn, args, kwargs)
+    if type(fn) is torch._C.ScriptFunction and \
+            isinstance(python := getattr(fn, "_torchdynamo_inline", None), types.FunctionType):
+        return call_python_function(frame, python, args, kwargs)  # @torch.jit.script: the Python it compiled
     if _is_torch_op(fn):
         return call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):

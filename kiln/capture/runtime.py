@@ -277,6 +277,9 @@ class _Default:
         return "None"
 
 
+jit_tracing = torch._C._get_tracing_state  # not None while torch.jit.trace runs
+
+
 # ---- entry points ---------------------------------------------------------------------------------
 def optimize_function(fn, backend, fullgraph, dynamic=None):
     """The compiled callable for a Python function: bind, look up, check guards, run."""
@@ -288,6 +291,9 @@ def optimize_function(fn, backend, fullgraph, dynamic=None):
 
     def compiled(*args, **kwargs):
         nonlocal binder
+        if jit_tracing():  # the trace would record the compiled graph's kernels as opaque calls, or nothing
+            raise RuntimeError(f"torch.jit.trace of a kiln-compiled function ({code.co_qualname}) is not "
+                               "supported: trace the original function")
         if binder.__defaults__ is not F.__defaults__ or binder.__kwdefaults__ is not F.__kwdefaults__:
             binder = make_binder(F)  # the user replaced the defaults
         L = binder(*args, **kwargs)
@@ -308,7 +314,7 @@ class Caller:
         self._key = (_backend_key(backend), False, dynamic)
 
     def __call__(self, fn, /, *args, **kwargs):
-        if compilation_disabled() or is_disabled_function(fn):
+        if compilation_disabled():
             return fn(*args, **kwargs)
         if CALLEE_OVERRIDES and (override := overridden_callee(self, fn)) is not None:
             return override(*args, **kwargs)
@@ -320,6 +326,11 @@ class Caller:
             forward = fn.forward
             if isinstance(forward, types.MethodType) and isinstance(forward.__func__, types.FunctionType):
                 target, pre = forward.__func__, (fn,)
+        if is_disabled_function(target):  # (also a module's disabled forward)
+            shallow = getattr(target, "__kiln_shallow__", None)  # disable(recursive=False): its callees compile
+            if shallow is None:
+                return fn(*args, **kwargs)
+            return run_eagerly(_cache_for(shallow.__code__, self._key, self.backend), shallow, (*pre, *args), kwargs)
         if not isinstance(target, types.FunctionType) or is_library_function(target):
             return fn(*args, **kwargs)
         return self.call_function(target, *pre, *args, **kwargs)

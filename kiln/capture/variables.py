@@ -591,9 +591,48 @@ class ExitVariable(Variable):
     `restores`: for a grad-mode block, the mode its exit restores (a break inside such a block hands
     the resume function a real exit that restores it); None for autocast."""
 
-    def __init__(self, on_exit, restores=None):
-        self.on_exit, self.restores = on_exit, restores
+    def __init__(self, on_exit, restores=None, native=None):
+        self.on_exit, self.restores, self.native = on_exit, restores, native  # native: a NativeBlockVariable
 
     def python_type(self):
         return types.MethodType
+
+
+class NativeBlockVariable(Variable):
+    """A profiler block made in the frame (torch.profiler.profile(...), record_function(name)): made
+    and entered natively by the glue before the graph call, and left after the graph call in which
+    its block ends, so the profiler records the graph without cutting it (profiler_blocks.py).
+    `args`/`kwargs`: its constructor's constant arguments."""
+
+    def __init__(self, cls, args, kwargs):
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+
+    def python_type(self):
+        return self.cls
+
+
+class NativeExit:
+    """The exit of a profiler block that a graph break cut in two: the glue hands it to the resume
+    function, which calls it where the block ends (or on an exception)."""
+
+    def __init__(self, block):
+        self.block = block
+
+    def __call__(self, *exc_info):
+        return close_block(self.block, *exc_info)
+
+
+def open_block(cls, args, kwargs):
+    """cls(*args, **kwargs), entered (the glue, before the graph call). A profiler label is entered only
+    while a profiler runs: it records nothing otherwise, and entering one costs an op call."""
+    block = cls(*args, **kwargs)
+    if cls is not torch.autograd.profiler.record_function or torch.autograd._profiler_enabled():
+        block.__enter__()
+    return block
+
+
+def close_block(block, *exc_info):
+    if type(block) is torch.autograd.profiler.record_function and block.record is None:
+        return None  # a label open_block did not enter
+    return block.__exit__(*exc_info)
 

@@ -21,10 +21,13 @@ sizes the trace uses the symbolic fake values capture records on the placeholder
 compiled forward and backward serve every size. Double backward through the compiled backward
 is refused with an error (it is not differentiable), never answered with a wrong gradient.
 """
+import dataclasses
+
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import traceback as fx_traceback
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.compiler.aot import MetaKeepingModule, is_symbolic, meta_keeping, trace_aten
@@ -61,8 +64,16 @@ class TrainingGraph(TrainingRun):
         primals = [*_traced_inputs(gm, example_inputs), *self.flat_graph.state]
         decompositions = lowering_decompositions(bool(options.get("fallback_random")))
         fake_mode = _fake_mode(primals)
-        signature = analyse(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
-        joint = trace_joint(self.flat_graph, signature, fake_mode, primals, decompositions)
+        try:
+            signature, joint = _analyse_and_trace(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
+        except DynamicOutputShapeException:
+            if fake_mode.shape_env is not None:
+                raise
+            # an op whose output size depends on data (nonzero in a boolean mask's backward) needs
+            # symbolic sizes: trace again with a ShapeEnv (made only here: creating one is slow)
+            fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+            signature, joint = _analyse_and_trace(self.flat_graph, example_inputs, primals, fake_mode, decompositions)
+        signature = dataclasses.replace(signature, no_gradient=_no_gradient(joint, signature))
         num_forward = len(signature.differentiable)
         self.partition = partition(joint, len(primals), num_forward, recompute=recompute,
                                    unsaveable=signature.mutated)
@@ -78,6 +89,19 @@ class TrainingGraph(TrainingRun):
 
     def _compile_backward_graph(self, saved, tangents):
         return _compile_graph(self.partition.backward, [*saved, *tangents], self.options, self.inner)
+
+
+def _no_gradient(joint, sig):
+    """Inputs that require grad whose gradient the joint graph does not compute (None), and that the
+    graph neither writes nor returns as themselves."""
+    grads = joint.graph.output_node().args[0][len(sig.computed) + len(sig.mutated):]
+    kept = set(sig.mutated) | {i for _, i, _ in sig.aliases}
+    return tuple(i for i, g in zip(sig.grad_inputs, grads) if g is None and i not in kept)
+
+
+def _analyse_and_trace(flat_graph, example_inputs, primals, fake_mode, decompositions):
+    signature = analyse(flat_graph, example_inputs, primals, fake_mode, decompositions)
+    return signature, trace_joint(flat_graph, signature, fake_mode, primals, decompositions)
 
 
 def analyse(flat_graph, example_inputs, primals, fake_mode, decompositions):
@@ -101,8 +125,9 @@ def analyse(flat_graph, example_inputs, primals, fake_mode, decompositions):
     differentiable = tuple(
         inputs[i].grad_fn is not clone_grad_fns[i] if i in cloned else inputs[i].requires_grad
         for i in mutated)
+    views = tuple((v.output_index, v.base_index, v.view, v.base_layout) for v in aten_graph.output_views)
     return GraphSignature(requires_grad, aten_graph.out_spec, aliases, computed,
-                          tuple(flat[k].requires_grad for k in computed), mutated, differentiable)
+                          tuple(flat[k].requires_grad for k in computed), mutated, differentiable, views)
 
 
 def _run_user_graph(flat_graph, primals, cloned):

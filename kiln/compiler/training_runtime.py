@@ -31,6 +31,11 @@ class GraphSignature:
     output_requires_grad: tuple   # per computed output
     mutated: tuple                # inputs gm writes in place
     mutation_differentiable: tuple  # per mutated input: autograd recorded the write
+    views: tuple = ()             # (output, base output, view layout, base layout): outputs eager returns as
+                                  # views of another output, made outside the autograd node (in-place
+                                  # writes to them must stay legal, as in eager)
+    no_gradient: tuple = ()       # inputs that require grad but get no gradient from the graph (only
+                                  # detached inside it): passed detached, so autograd's graph ends there
 
     @property
     def num_outputs(self):
@@ -63,15 +68,16 @@ class RuntimePlan:
     non_differentiable: tuple     # indices of forward results autograd must not differentiate
     all_differentiable: bool
     all_inputs_need_grad: bool
+    detach: tuple                 # inputs passed to the autograd node detached (sig.no_gradient)
 
     @staticmethod
     def of(sig, saved_all_tensors):
         differentiable = sig.differentiable
-        outputs_are_results = not sig.mutated and not sig.aliases
+        outputs_are_results = not sig.mutated and not sig.aliases and not sig.views
         return RuntimePlan(
             outputs_are_results, rebuilder(sig.out_spec) if outputs_are_results else None, saved_all_tensors,
             tuple(k for k, d in enumerate(differentiable) if not d), all(differentiable),
-            all(sig.requires_grad))
+            all(sig.requires_grad), sig.no_gradient)
 
 
 class TrainingRun:
@@ -89,6 +95,8 @@ class TrainingRun:
 
     def __call__(self, *args):
         flat = (*args, *self.state) if self.state else args
+        if self.plan.detach:  # (eager's graph does not reach them: a backward must not run into their history)
+            flat = tuple(x.detach() if i in self.plan.detach else x for i, x in enumerate(flat))
         results = _CompiledFunction.apply(self, *flat)
         if self.plan.outputs_are_results:  # no writes, no aliases: the common case
             return self.plan.rebuild(results)
@@ -99,6 +107,10 @@ class TrainingRun:
             outputs[k] = value
         for k, i, view in sig.aliases:  # after the write-back: views see the new values
             outputs[k] = flat[i] if view is None else flat[i].as_strided(*view)
+        for k, j, view, base_layout in sig.views:
+            base = outputs[j]
+            if (base.stride(), base.storage_offset()) == base_layout:
+                outputs[k] = base.as_strided(*view)
         return pytree.tree_unflatten(outputs, sig.out_spec)
 
     def backward(self, saved, tangents):
