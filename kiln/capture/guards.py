@@ -17,9 +17,9 @@ import weakref
 
 import torch
 
-from kiln.capture import class_watch
+from kiln.capture import class_watch, tensor_checks
 from kiln.capture.portable import code_fingerprint
-from kiln.capture.sources import CodeContext, TupleSource
+from kiln.capture.sources import AttrSource, CodeContext, TupleSource
 
 # what symbolic expressions printed as Python call: math.isnan / math.trunc, torch.sym_float, and on
 # torch 2.14 torch.sym_max / sym_min (ShapeEnv guards, and numbers the glue recomputes from sizes)
@@ -32,12 +32,15 @@ _SAME = object()  # GuardSet.add: the portable check is the check itself
 class Guard:
     """`check` is an expression in `v`, with constants already interned in the entry's CodeContext.
     `portable` is the check another process makes (capture_cache): `check` itself, one that holds
-    there too where `check` names a live object by identity, or None where there is none."""
+    there too where `check` names a live object by identity, or None where there is none.
+    `native`: for a tensor guard the native helper checks, (its type check, kept in place, in `v`;
+    the tensor_checks spec of the rest, checked with all others in one call at the end)."""
 
-    __slots__ = ("source", "check", "text", "portable")
+    __slots__ = ("source", "check", "text", "portable", "native")
 
-    def __init__(self, source, check, text, portable):
+    def __init__(self, source, check, text, portable, native=None):
         self.source, self.check, self.text, self.portable = source, check, text, portable
+        self.native = native
 
     def __repr__(self):
         return self.text
@@ -51,20 +54,28 @@ class GuardSet:
         self.guards = []
         self._seen = set()
         self._classes = set()  # ids of the classes guarded unchanged
+        self._tuples = {}  # (keys, their types) -> the one tuple interned for them (keys_match)
         self.liveness = Liveness()
 
-    def add(self, source, check, text=None, portable=_SAME):
+    def add(self, source, check, text=None, portable=_SAME, native=None):
         """`check` may use `v` and names from `self.const(...)`; source None means a global-state guard.
-        `portable`: what another process checks instead (see Guard), `check` itself by default."""
+        `portable`: what another process checks instead (see Guard), `check` itself by default;
+        `native`: see Guard."""
         key = (source.key() if source is not None else None, check)
         if key in self._seen:
             return
         self._seen.add(key)
         self.guards.append(Guard(source, check, text or self._describe(source, check),
-                                 check if portable is _SAME else portable))
+                                 check if portable is _SAME else portable, native))
 
     def const(self, obj, hint="C"):
         return self.ctx.const(obj, hint)
+
+    def _interned(self, names):
+        """One object for equal tuples of str/int keys, so equal checks on one source dedup into one."""
+        if not all(type(k) in (str, int) for k in names):
+            return names
+        return self._tuples.setdefault((names, tuple(map(type, names))), names)
 
     def ref(self, obj, hint):
         """An expression for `obj` in a guard: a plain constant, or a call of a weak reference (None
@@ -112,12 +123,16 @@ class GuardSet:
             self.add(source, f"type(v) is {type(value).__name__} and v == {value!r}", f"{source!r} == {value!r}")
         else:
             c = self.const(value, "K")
-            self.add(source, f"type(v) is {self.ref(type(value), 'T')} and v == {c}",
-                     f"{source!r} == {value!r}")
+            check = f"type(v) is {self.ref(type(value), 'T')} and v == {c}"
+            if type(value) is types.CodeType:  # immutable: the same object is equal without a field-by-field compare
+                check = f"v is {c} or ({check})"
+            self.add(source, check, f"{source!r} == {value!r}")
 
     def tensor_match(self, source, t, dynamic=()):
         dt, device = self.const(t.dtype, "DT"), self._device_check(t)
         grad = "v.requires_grad" if t.requires_grad else "not v.requires_grad"
+        spec = tensor_checks.spec(t, dynamic)
+        native = None if spec is None else (f"type(v) is {self.const(type(t), 'T')}", spec)
         if dynamic:  # sizes of dynamic dims are checked by the shape guards instead
             static = " and ".join(f"v.shape[{d}] == {n}" for d, n in enumerate(t.shape) if d not in dynamic)
             check = (f"type(v) is {self.const(type(t), 'T')} and v.dtype is {dt} and {device} and "
@@ -125,25 +140,33 @@ class GuardSet:
                      f"v.is_contiguous() is {t.is_contiguous()}" + (f" and {static}" if static else ""))
             shape = [("*" if d in dynamic else n) for d, n in enumerate(t.shape)]
             self.add(source, check, f"{source!r}: {type(t).__name__} {str(t.dtype).replace('torch.', '')}"
-                     f"{shape} (dynamic dims {sorted(dynamic)}) device={t.device} requires_grad={t.requires_grad}")
+                     f"{shape} (dynamic dims {sorted(dynamic)}) device={t.device} requires_grad={t.requires_grad}",
+                     native=native)
             return
         size, stride = self.const(t.shape, "S"), self.const(t.stride(), "ST")
         check = (f"type(v) is {self.const(type(t), 'T')} and v.dtype is {dt} and {device} and "
                  f"v.shape == {size} and v.stride() == {stride} and {grad}")
         self.add(source, check, f"{source!r}: {type(t).__name__} {str(t.dtype).replace('torch.', '')}"
-                 f"{list(t.shape)} stride={t.stride()} device={t.device} requires_grad={t.requires_grad}")
+                 f"{list(t.shape)} stride={t.stride()} device={t.device} requires_grad={t.requires_grad}",
+                 native=native)
 
     def _device_check(self, t):
         # a CPU tensor's device is always device('cpu'): the is_cpu flag says as much, ~25% cheaper per
         # tensor guard, which adds up over a model's parameters
         return "v.is_cpu" if t.device.type == "cpu" else f"v.device == {self.const(t.device, 'DEV')}"
 
+    def in_instance_dict(self, source, name, present, text):
+        """`name` is (`present`) or is not a key of the object's `__dict__`: a guard on the source of
+        the `__dict__` itself, so an object checked for several names reads its `__dict__` once per
+        call (a class with a Python `__getattribute__`, as Hugging Face configs have, runs it per read)."""
+        self.add(AttrSource(source, "__dict__"), f"{name!r} {'in' if present else 'not in'} v", text)
+
     def len_match(self, source, value):
         self.add(source, f"type(v) is {self.ref(type(value), 'T')} and len(v) == {len(value)}",
                  f"type({source!r}) is {type(value).__name__} and len == {len(value)}")
 
     def keys_match(self, source, value):
-        keys = self.const(tuple(value.keys()), "KEYS")
+        keys = self.const(self._interned(tuple(value.keys())), "KEYS")
         if any(isinstance(k, torch.Tensor) for k in value):  # tensor keys compare by identity, as a dict does
             same = f"len(v) == {len(value)} and all(a is b for a, b in zip(v, {keys}))"
         else:
@@ -204,18 +227,29 @@ class GuardSet:
         if None in checks:
             return None
         hoist = _Hoisting(self)
-        conds = []
+        conds, fast_conds, natives = [], [], []
         for i, (g, check) in enumerate(zip(self.guards, checks)):
             hoist.current = i
             conds.append(check if g.source is None else _substitute_v(check, hoist.sub(g.source)))
+            fast_conds.append(conds[-1])
+            if g.native is not None and g.source is not None:
+                # the type check stays here (what later guards read of this value assumes it); the
+                # rest goes into the one native call at the end: the checks are pure reads, and a
+                # guard function's answer is the conjunction of its checks, so their order is free
+                fast_conds[-1] = _substitute_v(g.native[0], hoist.sub(g.source))
+                natives.append((hoist.sub(g.source), g.native[1]))
         # hoisted locals are assigned right before the first guard that needs them
         body, fail_body = [], []
-        for i, cond in enumerate(conds):
+        for i, (cond, fast_cond) in enumerate(zip(conds, fast_conds)):
             for line in hoist.pending.pop(i, ()):
                 body.append(line)
                 fail_body.append(line)
-            body.append(f"if not ({cond}): return False")
+            body.append(f"if not ({fast_cond}): return False")
             fail_body.append(f"if not ({cond}): return {i}")
+        if natives:
+            values = "".join(f"{v}, " for v, _ in natives)
+            specs = self.const(tuple(spec for _, spec in natives), "TSPECS")
+            body.append(f"if not {self.const(tensor_checks.check_all, 'TCHECK')}(({values}), {specs}): return False")
         prologue = ["G = F.__globals__"] if any("G[" in line for line in body) else []
         src = _fn("__kiln_guard", prologue + body + ["return True"], "False")
         fail_src = _fn("__kiln_guard_failure", prologue + fail_body + ["return None"], "-1")

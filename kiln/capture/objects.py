@@ -1042,7 +1042,7 @@ def delattr_var(frame, obj, name):
         se = frame.og.side_effects
         pending = se.load_attr(obj.value, name)
         if name in obj.value.__dict__ and pending is not se.DELETED:
-            frame.og.guards.add(obj.source, f"{name!r} in v.__dict__", f"{obj.source!r}.{name} is set")
+            frame.og.guards.in_instance_dict(obj.source, name, True, f"{obj.source!r}.{name} is set")
             se.store_attr(obj, name, se.DELETED)
         elif pending is not None and pending is not se.DELETED:
             se.forget_attr(obj.value, name)  # set and deleted within the frame: nothing to replay
@@ -1116,7 +1116,7 @@ def _tensor_python_attr(og, t, name):
     if real is not None:
         if name in real.__dict__:
             return og.wrap(real.__dict__[name], AttrSource(t.source, name))
-        og.guards.add(t.source, f"{name!r} not in v.__dict__", f"{t.source!r} has no attribute {name!r}")
+        og.guards.in_instance_dict(t.source, name, False, f"{t.source!r} has no attribute {name!r}")
     raise Unsupported(f"AttributeError: {t.cls.__name__} has no attribute {name!r}",
                       python_exception=AttributeError(name))
 
@@ -1175,7 +1175,7 @@ def _object_attr(frame, obj, name, plain=False):
     if isinstance(inst_dict, dict) and name in inst_dict and not is_data_descriptor:
         return og.wrap(inst_dict[name], AttrSource(source, name) if source else None, guard=source is not None)
     if isinstance(inst_dict, dict) and source is not None and not is_data_descriptor:
-        og.guards.add(source, f"{name!r} not in v.__dict__", f"{source!r}.{name} comes from its class")
+        og.guards.in_instance_dict(source, name, False, f"{source!r}.{name} comes from its class")
     return _class_attr(frame, obj, type(value), name)
 
 
@@ -1202,7 +1202,7 @@ def _module_attr(frame, obj, name):
         return og.wrap(d[name], AttrSource(source, name))
     if raw is not _NO:
         if source is not None:
-            og.guards.add(source, f"{name!r} not in v.__dict__", f"{source!r}.{name} comes from its class")
+            og.guards.in_instance_dict(source, name, False, f"{source!r}.{name} comes from its class")
         return _class_attr(frame, obj, cls, name)
     hook = inspect.getattr_static(cls, "__getattr__", None)
     if isinstance(hook, types.FunctionType) and hook is not _MODULE_GETATTR:
@@ -1869,8 +1869,8 @@ def call_module(frame, mod_var, args, kwargs):
     # the instance may override forward (mod.forward = ...): getattr_var reads and guards it then
     # (a guard of its own: the same check guarding the forward it reads is then this one, not a second)
     own = "forward" in mod.__dict__
-    og.guards.add(mod_var.source, f"'forward' {'in' if own else 'not in'} v.__dict__",
-                  f"{mod_var.source!r}.forward {'is set on the instance' if own else 'comes from its class'}")
+    og.guards.in_instance_dict(mod_var.source, "forward", own,
+                               f"{mod_var.source!r}.forward {'is set on the instance' if own else 'comes from its class'}")
     if not (pre or post):  # the common case: one guard
         og.guards.add(mod_var.source, "not (v._forward_hooks or v._forward_pre_hooks or v._backward_hooks or "
                                       "v._backward_pre_hooks)", f"{mod_var.source!r} has no hooks")

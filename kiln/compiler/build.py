@@ -184,8 +184,9 @@ def _version_banner(resolved):
     return line
 
 
-def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> ctypes.CDLL:
-    """Compile `source` (a C++ translation unit) to a shared library, or reuse the cached one, and load it."""
+def load_library(source: str, *, name_hint: str = "kernel", extra_flags=(), build=True) -> ctypes.CDLL:
+    """Compile `source` (a C++ translation unit) to a shared library, or reuse the cached one, and load it.
+    `build=False`: only a library already built (in this process or on disk), else None."""
     compiler = os.environ.get("CXX", "g++")
     flags = BASE_FLAGS + tuple(extra_flags)
     key = _cache_key(source, flags, compiler_identity(compiler))
@@ -201,6 +202,8 @@ def load_library(source: str, *, name_hint: str = "kernel", extra_flags=()) -> c
         lib = _load_verified(so_path, key)
         if lib is not None:
             stats.disk_hits += 1
+        elif not build:
+            return None
         else:
             _build(source, directory / f"{stem}.cpp", so_path, compiler, flags, key)
             lib = _load_verified(so_path, key)

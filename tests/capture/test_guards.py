@@ -529,6 +529,25 @@ def test_stateful_hook_object_change_not_stale():
     check(compiled, model, x)
 
 
+def test_function_code_replaced_after_compile_not_stale():
+    def inner(x):
+        return x + 1
+
+    def other(x):
+        return x * 3
+
+    def f(x):  # reads the code object itself (guarded equal to the captured one)
+        return inner(x) if inner.__code__.co_name == "inner" else inner(x) * 10
+    compiled, counter = compiled_counting(f)
+    x = torch.randn(3)
+    check(compiled, f, x)
+    check(compiled, f, x)
+    assert counter.frame_count == 1
+    inner.__code__ = other.__code__
+    check(compiled, f, x)
+    assert counter.frame_count == 2
+
+
 def test_buffer_replaced_not_stale():
     class WithOffset(nn.Module):
         def __init__(self):
