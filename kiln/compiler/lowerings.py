@@ -763,13 +763,19 @@ def var_and_mean(ctx, x, dims, correction, keepdim, dtype):
     rows (welford_m2: Welford's update)."""
     compute = calc_dtype(dtype)
     n = ir.sympy_product(x.sizes[d] for d in dims)
+    backend = ctx.backends.for_device(ctx.device)
+    one_pass = backend is not None and backend.one_pass_variance
+    if not one_pass and x.view is None:
+        # both passes read one stored (rounded) copy, as eager's kernel reads its input: a value
+        # computed again in the second pass can round otherwise (gcc fuses `a * b - mean` into an fma),
+        # and the variance of one element came out inf (dev != 0, divided by 0), not eager's NaN
+        x = ctx.realize(x)
     mean_kept = divide_by(ctx, reduction(ctx, x, dims, True, "sum", compute), n, compute)
 
     def squared_deviation(value, full):
         dev = op("sub", cast(value, compute), mean_kept.loader(keepdim_index(full, dims)))
         return op("mul", dev, dev)
-    backend = ctx.backends.for_device(ctx.device)
-    if backend is not None and backend.one_pass_variance:
+    if one_pass:
         sq = reduction(ctx, x, dims, keepdim, "welford_m2", compute)
     else:
         sq = reduction(ctx, x, dims, keepdim, "sum", compute, value_fn=squared_deviation)

@@ -334,3 +334,12 @@ def test_sin_and_cos_of_atan_keep_nan(dtype):
     for a, e in zip(actual, expected):
         assert torch.equal(a.isnan(), e.isnan())
 
+
+
+def test_variance_of_a_computed_value_reads_one_rounded_copy():
+    # the deviation pass computed silu(x) again, and gcc fused its `x * sigmoid(x) - mean` into one
+    # fma (the product unrounded): the variance of one element was inf (a nonzero deviation over 0
+    # degrees of freedom), eager's NaN (random tester, seed 1200274)
+    def fn(x, y):
+        return F.silu(x).var(), (x * torch.sigmoid(x)).std(), F.silu(y).var(1), torch.var_mean(y * y.exp(), 1)
+    check(fn, lambda: (torch.tensor([[3.5]]), torch.linspace(-3, 3, 40).view(40, 1)), exact=False)  # exp: 1 ulp
