@@ -26,7 +26,6 @@ import sys
 import types
 import unicodedata
 
-from kiln import api
 from kiln.capture import graph_builder, objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
@@ -170,13 +169,15 @@ class PurePathModel(TypeModel):
 BUILTIN_HANDLERS[os.fspath] = _fspath
 
 
-def _compile_in_frame(frame, args, kwargs):
+def _fold_compile_calls(compile_fn):
     """kiln.compile(fn, ...) called inside a compiled frame: made natively; calling what it returns
     follows `fn` into this frame's graph (as torch.compile inside torch.compile does)."""
-    return objects.fold_natively(frame.og, api.compile, args, kwargs)
+    BUILTIN_HANDLERS[compile_fn] = lambda frame, args, kwargs: objects.fold_natively(frame.og, compile_fn, args, kwargs)
 
 
-BUILTIN_HANDLERS[api.compile] = _compile_in_frame
+# kiln.api sits above capture and imports it, so capture finds `kiln.compile` where the package put it
+# (the package's __init__ loads kiln.api before any capture module) instead of importing it back
+_fold_compile_calls(sys.modules["kiln.api"].compile)
 BUILTIN_HANDLERS[sys.intern] = lambda frame, args, kwargs: objects.fold_natively(frame.og, sys.intern, args, kwargs)
 for _cls in (pathlib.PurePath, pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.Path, type(pathlib.Path())):
     objects.CONSTRUCTORS[_cls] = _path(_cls)
