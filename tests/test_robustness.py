@@ -59,9 +59,19 @@ def test_an_interrupt_during_the_first_compile_leaves_kiln_usable(tmp_path):
     `module 'torch._dynamo' has no attribute 'utils'`."""
     env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
     code = _INTERRUPTED_CHILD.format(start="torch._dynamo.", after="torch._dynamo.utils")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:3] == ["interrupted", "orphans []", "later compiles ok"], done.stdout
+    # on a loaded machine the child was seen not to reach the interrupting import now and then (cause
+    # not found: it passes alone): up to three children, each must stay usable, one must be interrupted
+    firsts = []
+    for attempt in range(3):
+        env["KILN_CACHE_DIR"] = str(tmp_path / str(attempt))  # a warm cache would skip the first compile
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = done.stdout.split("\n")
+        assert lines[1:3] == ["orphans []", "later compiles ok"], done.stdout
+        firsts.append(lines[0])
+        if lines[0] == "interrupted":
+            break
+    assert "interrupted" in firsts, firsts
 
 
 def test_an_interrupt_in_the_backend_leaves_no_entry_behind():
