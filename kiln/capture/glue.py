@@ -403,7 +403,6 @@ class Glue:
         return ns["__kiln_entry"], src
 
 
-
 class _SharedBases:
     """Renders the graph's input sources with each base that two or more of them read through bound
     to a local first (a model's parameters share their module paths: `...._modules['0']._modules[

@@ -191,9 +191,10 @@ def _find_impl_offset():
 def spec(t, dynamic=()):
     """The spec check_all compares `t`'s facts with (what GuardSet.tensor_match checks of it), or
     None where this tensor's guard stays a Python line."""
-    if type(t) not in PLAIN_TYPES or t.layout != torch.strided or not _helper():
+    helper = _helper()
+    if type(t) not in PLAIN_TYPES or t.layout != torch.strided or not helper:
         return None
-    found = _helper()[1](t)
+    found = helper[1](t)
     if found is None:
         return None
     scalar_type, device_type, device_index, requires_grad, sizes, strides, contiguous = found
