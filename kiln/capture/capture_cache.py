@@ -164,7 +164,7 @@ def _used(consts, text):
 
 
 def _describe_used(consts, text, tags):
-    return {name: portable.describe(value, tags) for name, value in _used(consts, text)}
+    return {name: portable.describe_guard_value(value, tags) for name, value in _used(consts, text)}
 
 
 def store(cache, entry):

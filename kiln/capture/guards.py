@@ -347,7 +347,7 @@ def held_weakly(value):
     module holds, live as long as the process and are held plainly (cheaper to check)."""
     if isinstance(value, types.ModuleType) or not type(value).__weakrefoffset__:
         return False
-    if isinstance(value, (type, types.FunctionType)):
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):  # (C functions of a module too)
         return not module_attribute(value)
     return True
 
