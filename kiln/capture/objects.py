@@ -1446,8 +1446,28 @@ def _refuse_new_leaf(frame, what, kwargs):
         raise Unsupported(f"{what}(requires_grad=True) makes a new autograd leaf")
 
 
+@functools.cache
+def _is_inplace_view_op(name):
+    """Whether aten tags `name` as an in-place view op: it changes a tensor's sizes or strides in place
+    (unsqueeze_, t_, transpose_, as_strided_, resize_as_, set_)."""
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+
+
+def _refuse_input_metadata_change(t, name):
+    """An in-place view op on a tensor from outside the frame (an argument, a module's parameter)
+    changes that input's metadata: it runs between graphs, as torch.compile runs it, so the graph
+    after it sees the input with its new sizes and strides."""
+    if t.source is not None and _is_inplace_view_op(name):
+        raise Unsupported(f"Tensor.{name}() changes the sizes or strides of a tensor from outside the frame",
+                          kind="global_state")
+
+
 def _tensor_method(frame, t, name, args, kwargs):
     _refuse_new_leaf(frame, f"Tensor.{name}", kwargs)
+    _refuse_input_metadata_change(t, name)
     if name == "item" and config.capture_scalar_outputs and not args and not kwargs:
         # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
         # at capture time, so a Python branch on it still breaks)
@@ -1560,6 +1580,8 @@ def call_torch(frame, fn, args, kwargs):
     if _passes_python_callable(args, kwargs):
         raise Unsupported(f"torch function {name} called with a Python function argument")
     _refuse_new_leaf(frame, f"torch.{name}", kwargs)
+    if args and isinstance(args[0], TensorVariable):  # Tensor.unsqueeze_(x, 0)
+        _refuse_input_metadata_change(args[0], name)
     if not has_tensor:
         # a query (dispatch state, flags) must see the real state, not capture's fake mode; a factory
         # (torch.zeros) must become a node: the fake run tells which, without touching real RNG state
