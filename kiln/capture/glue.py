@@ -246,9 +246,12 @@ class Glue:
                 self._deferred.append(lambda: f"{name}.cell_contents = {self.value(var.contents)}")
             return f"{self.const(_make_cell, 'MAKECELL')}()"
         if isinstance(var, FreshObjectVariable):
-            self._deferred.append(lambda: "; ".join(f"object.__setattr__({name}, {k!r}, {self.value(v)})"
+            plain = var.new_instance is object.__new__
+            setter = "object.__setattr__" if plain else self.const(var.set_attribute, "SETATTR")
+            self._deferred.append(lambda: "; ".join(f"{setter}({name}, {k!r}, {self.value(v)})"
                                                     for k, v in var.attrs.items()) or "pass")
-            return f"object.__new__({self.const(var.cls, 'CLS')})"
+            new = "object.__new__" if plain else self.const(var.new_instance, "NEW")
+            return f"{new}({self.const(var.cls, 'CLS')})"
         if isinstance(var, FunctionVariable):
             defaults = self.value(var.defaults) if var.defaults is not None else "None"
             closure = "(" + "".join(self.value(c) + ", " for c in var.closure) + ")" if var.closure else "None"

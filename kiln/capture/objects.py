@@ -1803,8 +1803,14 @@ def _construct_module(frame, cls, args, kwargs):
     buffers, made natively once from arguments known exactly and reused by every call (it holds no
     state a call could change). One that has parameters, or draws random numbers to make them, would
     differ on every eager call: that breaks the graph."""
-    values = [const_value(a, "an argument of a module made in the frame") for a in args]
-    kw = {k: const_value(v, "an argument of a module made in the frame") for k, v in kwargs.items()}
+    try:
+        values = [const_value(a, "an argument of a module made in the frame") for a in args]
+        kw = {k: const_value(v, "an argument of a module made in the frame") for k, v in kwargs.items()}
+    except Unsupported:  # built from values only the frame knows: followed through the class's __init__
+        made = SUBCLASS_CONSTRUCTORS[torch.nn.Module](frame, cls, args, kwargs)  # (fresh_modules)
+        if made is None:
+            raise
+        return made
     rng = torch.random.get_rng_state()
     try:
         module = cls(*values, **kw)
@@ -1861,6 +1867,19 @@ def _initialize_lazy_module(og, mod, args, kwargs):
         raise Unsupported(f"initializing lazy module {type(mod).__qualname__} raised {type(e).__name__}: {e}") from e
 
 
+def guard_no_global_module_hooks(og):
+    """A module call runs as its forward alone only while no global module hook is registered."""
+    if not og.hook_globals_guarded:
+        mm = og.guards.const(_MODULE_MOD, "MM")
+        og.guards.add(None, f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks or "
+                            f"{mm}._global_backward_hooks or {mm}._global_backward_pre_hooks)",
+                      "no global module hooks")
+        og.hook_globals_guarded = True
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(_MODULE_MOD, "_global" + h) for h in hooks):
+        raise Unsupported("global module hooks")
+
+
 def call_module(frame, mod_var, args, kwargs):
     """`module(*args)`: forward pre-hooks, forward, forward hooks — guarded on the hook dicts."""
     og, mod = frame.og, mod_var.value
@@ -1876,15 +1895,7 @@ def call_module(frame, mod_var, args, kwargs):
         raise Unsupported(f"{type(mod).__qualname__}.__call__ is not a Python function")
     if inspect.getattr_static(type(mod), "_call_impl", None) is not _MODULE_CALL_IMPL:
         raise Unsupported(f"{type(mod).__qualname__} overrides nn.Module._call_impl")
-    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    if not og.hook_globals_guarded:
-        mm = og.guards.const(_MODULE_MOD, "MM")
-        og.guards.add(None, f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks or "
-                            f"{mm}._global_backward_hooks or {mm}._global_backward_pre_hooks)",
-                      "no global module hooks")
-        og.hook_globals_guarded = True
-        if any(getattr(_MODULE_MOD, "_global" + h) for h in hooks):
-            raise Unsupported("global module hooks")
+    guard_no_global_module_hooks(og)
     if mod._backward_hooks or mod._backward_pre_hooks:
         raise Unsupported("module backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks

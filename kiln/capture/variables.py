@@ -358,6 +358,10 @@ class MethodVariable(Variable):
 
 class FreshObjectVariable(Variable):
     """An instance of a user class created inside the frame; attributes tracked symbolically."""
+    # how the glue builds it after the graph (fresh_modules overrides them for nn.Module): a new
+    # instance, then each attribute in `attrs` set through `set_attribute`
+    new_instance = staticmethod(object.__new__)
+    set_attribute = staticmethod(object.__setattr__)
 
     def __init__(self, cls):
         self.cls, self.attrs = cls, {}
