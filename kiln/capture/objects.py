@@ -979,6 +979,8 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, (BaseIterator, DictViewVariable)) and name in ("__iter__", "__next__", "__reversed__"):
         return MethodVariable(name, obj)
     if isinstance(obj, ObjectVariable):
+        if name == "__dict__" and _has_plain_instance_dict(obj):
+            return instance_dict(frame, obj)
         stored = og.side_effects.load_attr(obj.value, name)
         if stored is og.side_effects.DELETED:
             raise Unsupported(f"AttributeError: {name} was deleted", python_exception=AttributeError(name))
@@ -990,6 +992,36 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, GradModeVariable) and name in ("__enter__", "__exit__"):
         raise Unsupported("explicit __enter__/__exit__ calls")
     raise Unsupported(f"attribute {name!r} of {describe(obj)}")
+
+
+def _has_plain_instance_dict(obj):
+    """An existing object whose attributes live in a plain __dict__ (not a module, class or function,
+    whose attribute machinery capture models on its own)."""
+    value = obj.value
+    return obj.source is not None and isinstance(getattr(value, "__dict__", None), dict) and \
+        not isinstance(value, (type, types.ModuleType, types.FunctionType, torch.nn.Module))
+
+
+def instance_dict(frame, obj):
+    """`obj.__dict__` of an existing object: the Variable of its real __dict__, which from then on
+    holds the object's attributes for the rest of the capture (attribute stores made before are
+    moved into it, later reads, writes and deletes go through it), so `obj.c = 3` shows in
+    `obj.__dict__` and `obj.__dict__["a"] = 1` in `obj.a`; written back after the graph as a changed
+    dict."""
+    se = frame.og.side_effects
+    tracked = se.instance_dicts.get(id(obj.value))
+    if tracked is None:
+        tracked = frame.og.wrap(obj.value.__dict__, AttrSource(obj.source, "__dict__"))
+        pending = se.pop_attr_stores(obj.value)
+        for name, value in pending:
+            if value is se.DELETED:
+                tracked.items.pop(name, None)
+            else:
+                tracked.items[name] = value
+        if pending:
+            se.mark_mutated(tracked)
+        se.instance_dicts[id(obj.value)] = tracked
+    return tracked
 
 
 def fresh_attr(frame, obj, name):
@@ -1040,6 +1072,12 @@ def delattr_var(frame, obj, name):
     if isinstance(obj, ObjectVariable) and obj.source is not None and isinstance(getattr(obj.value, "__dict__", None), dict) \
             and not isinstance(obj.value, (type, types.ModuleType, torch.nn.Module)):
         se = frame.og.side_effects
+        if (tracked := se.instance_dicts.get(id(obj.value))) is not None:
+            if name not in tracked.items:
+                raise Unsupported(f"AttributeError: {name}", python_exception=AttributeError(name))
+            del tracked.items[name]
+            se.mark_mutated(tracked)
+            return
         pending = se.load_attr(obj.value, name)
         if name in obj.value.__dict__ and pending is not se.DELETED:
             frame.og.guards.in_instance_dict(obj.source, name, True, f"{obj.source!r}.{name} is set")
@@ -1172,6 +1210,10 @@ def _object_attr(frame, obj, name, plain=False):
     inst_dict = getattr(value, "__dict__", None)
     cls_attr = inspect.getattr_static(type(value), name, _NO)
     is_data_descriptor = cls_attr is not _NO and _is_data_descriptor(cls_attr)
+    if (tracked := og.side_effects.instance_dicts.get(id(value))) is not None and not is_data_descriptor:
+        if name in tracked.items:  # its __dict__ as the frame has changed it
+            return tracked.items[name]
+        return _class_attr(frame, obj, type(value), name)
     if isinstance(inst_dict, dict) and name in inst_dict and not is_data_descriptor:
         return og.wrap(inst_dict[name], AttrSource(source, name) if source else None, guard=source is not None)
     if isinstance(inst_dict, dict) and source is not None and not is_data_descriptor:
@@ -1354,6 +1396,10 @@ def setattr_var(frame, obj, name, value):
         elif inspect.getattr_static(type(value_obj), name, None) is not None and \
                 hasattr(type(inspect.getattr_static(type(value_obj), name)), "__set__"):
             raise Unsupported(f"setting descriptor attribute {name}")
+        if (tracked := og.side_effects.instance_dicts.get(id(value_obj))) is not None:
+            tracked.items[name] = value
+            og.side_effects.mark_mutated(tracked)
+            return
         og.side_effects.store_attr(obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)}")
