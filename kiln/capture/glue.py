@@ -165,6 +165,8 @@ class Glue:
         return name
 
     def _build(self, var, name):
+        if (rebuild := REBUILDERS.get(type(var))) is not None:  # (before the kinds it may subclass)
+            return rebuild(self, var)
         if isinstance(var, TensorVariable):
             if var.node.op == "placeholder" or var.data_replaced:
                 return var.source.expr(self.ctx)
@@ -275,8 +277,6 @@ class Glue:
                 return f"{obj}.{var.fn}"
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
-        if (rebuild := REBUILDERS.get(type(var))) is not None:
-            return rebuild(self, var)
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
 
     def _lazy_iterable(self, var):

@@ -2049,8 +2049,12 @@ def mapping_items(frame, v):
         keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
         return {dict_key(k): getitem(frame, v, k) for k in keys}
     items = {}
-    for pair in unpack_iterable(frame, v):
-        k, value = unpack_iterable(frame, pair)
+    for i, pair in enumerate(unpack_iterable(frame, v)):
+        parts = unpack_iterable(frame, pair)
+        if len(parts) != 2:  # CPython's words
+            e = ValueError(f"dictionary update sequence element #{i} has length {len(parts)}; 2 is required")
+            raise Unsupported(f"ValueError: {e}", python_exception=e)
+        k, value = parts
         items[dict_key(k)] = value
     return items
 

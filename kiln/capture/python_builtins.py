@@ -184,8 +184,8 @@ def _dict_method(frame, d, name, args, kwargs):
         return const(dict_key(args[0]) in d.items)
     if name == "__len__":
         return const(len(d.items))
-    if name == "copy":
-        copied = DictVariable(d.items, cls=d.cls)
+    if name == "copy":  # (a mappingproxy's copy is its mapping's: a dict)
+        copied = DictVariable(d.items, cls=dict if d.cls is types.MappingProxyType else d.cls)
         if hasattr(d, "default_factory"):
             copied.default_factory = d.default_factory
         return copied
@@ -205,6 +205,9 @@ def _dict_method(frame, d, name, args, kwargs):
                 "popitem"):
         if d.cls is types.MappingProxyType:
             raise Unsupported(f"mappingproxy does not support {name}", python_exception=TypeError(name))
+        if name in ("update", "__init__") and len(args) > 1:  # CPython's words
+            e = TypeError(f"{name if name == 'update' else 'dict'} expected at most 1 argument, got {len(args)}")
+            raise Unsupported(f"TypeError: {e}", python_exception=e)
         og.side_effects.mark_mutated(d)
         return _dict_mutation(frame, d, name, args, kwargs)
     raise Unsupported(f"dict.{name}")
