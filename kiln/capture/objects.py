@@ -450,6 +450,13 @@ def apply_operator(frame, op, args):
             return ListVariable(items) if isinstance(a, ListVariable) else _tuple_like([a], items)
         if op in (operator.or_, operator.ior) and isinstance(a, DictVariable) and isinstance(b, DictVariable):
             return call_method(frame, a, "__ior__" if op is operator.ior else "__or__", [b], {})
+        if op in (operator.or_, operator.ior) and any(isinstance(x, DictVariable) for x in (a, b)) and \
+                any(isinstance(x, (ConstantVariable, ListVariable, TupleVariable)) for x in (a, b)):
+            e = TypeError(f"unsupported operand type(s) for |: '{a.python_type().__name__}' and "
+                          f"'{b.python_type().__name__}'")  # dict's | takes only a dict, CPython's words
+            if op is operator.ior and isinstance(a, DictVariable):  # but |= takes any mapping or pairs
+                return call_method(frame, a, "__ior__", [b], {})
+            raise Unsupported(f"TypeError: {e}", python_exception=e)
         if op in (operator.eq, operator.ne) and (_python_eq(a) or _python_eq(b)):
             return _user_equality(frame, op, a, b)
         if op in (operator.eq, operator.ne):
@@ -457,6 +464,8 @@ def apply_operator(frame, op, args):
                     and not _opaque(a, b):
                 if not isinstance(inspect.getattr_static(type(a.value), "__eq__", None), types.FunctionType):
                     return const(op(a.value, b.value))
+            if isinstance(a, DictVariable) and isinstance(b, DictVariable):
+                return const(_dicts_equal(frame, a, b) == (op is operator.eq))
             if type(a) is not type(b) and not (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
                 return const(op is operator.ne)
             if isinstance(a, (ListVariable, TupleVariable)) and isinstance(b, (ListVariable, TupleVariable)):
@@ -483,6 +492,23 @@ def _sequences_equal(frame, a, b):
     if isinstance(a, ListVariable) != isinstance(b, ListVariable) or len(a.items) != len(b.items):
         return False
     for x, y in zip(a.items, b.items):
+        if not is_same(x, y) and not truth(frame, apply_operator(frame, operator.eq, [x, y])):
+            return False
+    return True
+
+
+def _dicts_equal(frame, a, b):
+    """dict ==, as CPython compares them: the same keys, and each key's values equal (an identical
+    value counting as equal without calling its __eq__); two OrderedDicts also in the same order."""
+    if len(a.items) != len(b.items):
+        return False
+    if issubclass(a.cls, collections.OrderedDict) and issubclass(b.cls, collections.OrderedDict) and \
+            list(a.items) != list(b.items):
+        return False
+    for k, x in a.items.items():
+        if k not in b.items:
+            return False
+        y = b.items[k]
         if not is_same(x, y) and not truth(frame, apply_operator(frame, operator.eq, [x, y])):
             return False
     return True
@@ -727,6 +753,9 @@ def unpack_iterable(frame, v):
         return unpack_iterable(frame, it)
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__next__"):
         return _drain(frame, v)
+    if isinstance(v, ConstantVariable) and not hasattr(type(v.value), "__iter__"):  # CPython's words
+        e = TypeError(f"'{type(v.value).__name__}' object is not iterable")
+        raise Unsupported(f"TypeError: {e}", python_exception=e)
     raise Unsupported(f"iterating over {describe(v)}")
 
 

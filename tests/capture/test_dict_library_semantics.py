@@ -1,6 +1,7 @@
 """dict methods' argument errors as CPython raises them (caught inside the frame), and
 types.MappingProxyType made in the frame as a live read-only view of its dict, during and after the
 call; eager is the oracle (results and the dicts' state after the call)."""
+import collections
 import types
 
 import pytest
@@ -31,6 +32,35 @@ def proxy_sees_later_writes(x):
     mp = types.MappingProxyType(d)
     d["c"] = 4
     return x * mp["a"] + len(mp), "c" in mp, mp, type(mp.copy())
+
+
+def wrong_arguments_raise_type_error(x):
+    d = {"a": 1}
+    calls = (lambda: d.clear(1), lambda: d.get(), lambda: d.copy(1), lambda: d | 1, lambda: dict.fromkeys(),
+             lambda: dict.fromkeys(1, 2), lambda: d.pop(), lambda: d.keys(1), lambda: {}.popitem(1))
+    raised = []
+    for call in calls:
+        try:
+            call()
+            raised.append(None)
+        except TypeError:
+            raised.append("TypeError")
+    d |= [("b", 2)]  # |= takes pairs, | only a dict
+    return x + 1, raised, d
+
+
+def dict_equality(x, existing):
+    a, b, c = {"a": 1, "b": 2}, {"b": 2, "a": 1}, {"a": 1, "b": 3}
+    first, second = collections.OrderedDict(a=1, b=2), collections.OrderedDict(b=2, a=1)
+    same_tensor = {"t": x} == {"t": x}  # identical values are equal without comparing them
+    return (x * (a == b), a != c, a == c, first == second, first == b, existing == a, a.__eq__(b),
+            dict.__eq__(a, c), a.__eq__(5), same_tensor)
+
+
+@pytest.mark.parametrize("fn, args", [(wrong_arguments_raise_type_error, ()), (dict_equality, ({"b": 2, "a": 1},))],
+                         ids=["wrong arguments", "equality"])
+def test_dict_methods_as_cpython(fn, args):
+    check_graphs(fn, torch.ones(2), *args, graphs=1, fullgraph=True)
 
 
 @pytest.mark.parametrize("fn", [
