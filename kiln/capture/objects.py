@@ -26,7 +26,7 @@ from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable
                                     HandlerVariable, NativeExit,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, PartialVariable, RealCell, RuntimeFunctionVariable, SetVariable,
-                                    SliceVariable, SuperVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable,
+                                    SliceVariable, SuperVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable, VariableKey,
                                     const, is_constant)
 from kiln.exc import Unsupported
 
@@ -119,8 +119,8 @@ def const_value(v, why="a non-constant value"):
         vals = [const_value(i, why) for i in v.items]
         return v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
     if isinstance(v, DictVariable):
-        if any(isinstance(k, TensorKey) for k in v.items):
-            raise Unsupported(f"{why}: a dict with tensor keys")
+        if any(isinstance(k, VariableKey) for k in v.items):
+            raise Unsupported(f"{why}: a dict with tensor or object keys")
         return {k: const_value(i, why) for k, i in v.items.items()}
     if isinstance(v, SetVariable):
         return {const_value(i, why) for i in v.items}
@@ -150,6 +150,9 @@ def dict_key(k):
         return TensorKey(k)
     if isinstance(k, ObjectVariable) and type(k.value).__hash__ is object.__hash__:
         return k.value  # hashed by identity (a module, a plain object): its contents do not matter
+    if isinstance(k, (FreshObjectVariable, FunctionVariable, PartialVariable)) and \
+            inspect.getattr_static(k.python_type(), "__hash__", None) is object.__hash__:
+        return VariableKey(k)  # made in the frame and hashed by identity (a partial, a function, a plain object)
     value = const_value(k, "dict key")
     try:
         hash(value)
@@ -160,7 +163,7 @@ def dict_key(k):
 
 def key_var(key):
     """The Variable of a key a DictVariable stores."""
-    return key.var if isinstance(key, TensorKey) else const(key)
+    return key.var if isinstance(key, VariableKey) else const(key)
 
 
 def set_key(v):

@@ -2,6 +2,7 @@
 types.MappingProxyType made in the frame as a live read-only view of its dict, during and after the
 call; eager is the oracle (results and the dicts' state after the call)."""
 import collections
+import functools
 import types
 
 import pytest
@@ -83,3 +84,24 @@ def test_a_proxy_of_an_existing_dict_stays_live_after_the_call():
     assert type(mp) is types.MappingProxyType and dict(mp) == {"a": 1, "b": 2}
     shared["later"] = 3  # a view of the dict, not a copy made during capture
     assert mp["later"] == 3
+
+
+class _Key:
+    def __init__(self, v):
+        self.v = v
+
+
+def _add(x, y):
+    return x + y
+
+
+def objects_made_in_the_frame_as_keys(x):
+    d = {}
+    p = functools.partial(_add, y=1)
+    first, second = _Key(1), _Key(1)  # equal contents, distinct keys: hashed by identity
+    d[p], d[first], d[second] = 5, 2, 3
+    return x * d[p] + d[first] * d[second], len(d), first in d, _Key(1) in d, list(d.values())
+
+
+def test_objects_made_in_the_frame_are_dict_keys_by_identity():
+    check_graphs(objects_made_in_the_frame_as_keys, torch.ones(2), graphs=1, fullgraph=True)
