@@ -58,8 +58,21 @@ def dict_equality(x, existing):
             dict.__eq__(a, c), a.__eq__(5), same_tensor)
 
 
-@pytest.mark.parametrize("fn, args", [(wrong_arguments_raise_type_error, ()), (dict_equality, ({"b": 2, "a": 1},))],
-                         ids=["wrong arguments", "equality"])
+def fromkeys_of_each_kind(x, y):
+    d = dict.fromkeys(["a", "b"], x + 1)
+    ordered = collections.OrderedDict.fromkeys(("a", "b"), value=y)  # OrderedDict's takes value= by name
+    defaults = collections.defaultdict.fromkeys(iter(d), x - 2)
+    try:
+        dict.fromkeys(["a"], value=1)  # dict's does not
+        keyword = "accepted"
+    except TypeError:
+        keyword = "TypeError"
+    return d["a"] * ordered["b"] + defaults["a"], keyword, type(ordered), type(defaults)
+
+
+@pytest.mark.parametrize("fn, args", [(wrong_arguments_raise_type_error, ()), (dict_equality, ({"b": 2, "a": 1},)),
+                                      (fromkeys_of_each_kind, (torch.full((2,), 3.0),))],
+                         ids=["wrong arguments", "equality", "fromkeys"])
 def test_dict_methods_as_cpython(fn, args):
     check_graphs(fn, torch.ones(2), *args, graphs=1, fullgraph=True)
 
