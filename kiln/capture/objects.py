@@ -452,6 +452,12 @@ def apply_operator(frame, op, args):
                 isinstance(b, ConstantVariable) and type(b.value) is int:
             items = a.items * b.value
             return ListVariable(items) if isinstance(a, ListVariable) else _tuple_like([a], items)
+        if op is operator.or_ and isinstance(a, DictVariable) and isinstance(b, DictVariable) and \
+                b.cls in (collections.OrderedDict, collections.defaultdict) and b.cls is not a.cls and \
+                issubclass(b.cls, a.cls):  # the right operand's own __ror__ goes first: the result is of its class
+            merged = call_method(frame, b, "copy", [], {})
+            merged.items = {**a.items, **b.items}
+            return merged
         if op in (operator.or_, operator.ior) and isinstance(a, DictVariable) and isinstance(b, DictVariable):
             return call_method(frame, a, "__ior__" if op is operator.ior else "__or__", [b], {})
         if op in (operator.or_, operator.ior) and any(isinstance(x, DictVariable) for x in (a, b)) and \
