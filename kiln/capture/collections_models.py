@@ -1,11 +1,13 @@
-"""collections.deque made or passed in the frame, and the C helpers of collections (Counter's
-_count_elements): models over Variables, registered in objects / python_builtins."""
+"""collections.deque made or passed in the frame, the C helpers of collections (Counter's
+_count_elements) and types.MappingProxyType made in the frame: models over Variables, registered in
+objects / python_builtins / glue."""
 import collections
+import types
 
-from kiln.capture import objects
+from kiln.capture import glue, objects
 from kiln.capture.objects import TypeModel, call, const_value, getitem, iter_next, setitem, unpack_iterable
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_list_method
-from kiln.capture.variables import BaseIterator, DequeVariable, MethodVariable, const
+from kiln.capture.variables import BaseIterator, DequeVariable, DictVariable, MethodVariable, const
 from kiln.exc import Unsupported
 
 
@@ -89,6 +91,28 @@ def _count_elements(frame, args, kwargs):
     return const(None)
 
 
+class MappingProxyVariable(DictVariable):
+    """types.MappingProxyType(d) made in the frame over a dict Variable: a read-only view whose items
+    are d's own, so a later write to d shows through it, during the call and (rebuilt as
+    MappingProxyType(d)) after it."""
+
+    def __init__(self, proxied):  # (not DictVariable's: it keeps no items of its own)
+        self.proxied, self.source, self.cls, self.attrs = proxied, None, types.MappingProxyType, {}
+
+    @property
+    def items(self):
+        return self.proxied.items
+
+
+def make_mapping_proxy(frame, args, kwargs):
+    if len(args) == 1 and not kwargs and isinstance(args[0], DictVariable):
+        target = args[0]
+        return MappingProxyVariable(target.proxied if isinstance(target, MappingProxyVariable) else target)
+    return objects.fold_natively(frame.og, types.MappingProxyType, args, kwargs)  # a constant mapping
+
+
 BUILTIN_HANDLERS[collections.deque] = make_deque
+BUILTIN_HANDLERS[types.MappingProxyType] = make_mapping_proxy
+glue.REBUILDERS[MappingProxyVariable] = lambda g, var: f"{g.const(types.MappingProxyType, 'PROXY')}({g.value(var.proxied)})"
 BUILTIN_HANDLERS[collections._count_elements] = _count_elements
 objects.VARIABLE_MODELS[DequeVariable] = DequeModel()

@@ -120,6 +120,8 @@ class MethodModel(TypeModel):
             return objects.getattr_var(frame, fn, name)
         if isinstance(fn, types.FunctionType) and name in ("__name__", "__qualname__", "__doc__", "__module__"):
             return const(getattr(fn, name))
+        if isinstance(fn, str) and name in ("__name__", "__qualname__"):  # a method of a list/dict/set Variable
+            return const(fn if name == "__name__" else f"{m.obj.python_type().__qualname__}.{fn}")
         if name == "__class__":
             return frame.og.wrap(m.python_type(), None, guard=False)
         return type_attribute(frame, m, types.MethodType, name)

@@ -165,6 +165,8 @@ class Glue:
         return name
 
     def _build(self, var, name):
+        if (rebuild := REBUILDERS.get(type(var))) is not None:  # (before the kinds it may subclass)
+            return rebuild(self, var)
         if isinstance(var, TensorVariable):
             if var.node.op == "placeholder" or var.data_replaced:
                 return var.source.expr(self.ctx)
@@ -246,9 +248,12 @@ class Glue:
                 self._deferred.append(lambda: f"{name}.cell_contents = {self.value(var.contents)}")
             return f"{self.const(_make_cell, 'MAKECELL')}()"
         if isinstance(var, FreshObjectVariable):
-            self._deferred.append(lambda: "; ".join(f"object.__setattr__({name}, {k!r}, {self.value(v)})"
+            plain = var.new_instance is object.__new__
+            setter = "object.__setattr__" if plain else self.const(var.set_attribute, "SETATTR")
+            self._deferred.append(lambda: "; ".join(f"{setter}({name}, {k!r}, {self.value(v)})"
                                                     for k, v in var.attrs.items()) or "pass")
-            return f"object.__new__({self.const(var.cls, 'CLS')})"
+            new = "object.__new__" if plain else self.const(var.new_instance, "NEW")
+            return f"{new}({self.const(var.cls, 'CLS')})"
         if isinstance(var, FunctionVariable):
             defaults = self.value(var.defaults) if var.defaults is not None else "None"
             closure = "(" + "".join(self.value(c) + ", " for c in var.closure) + ")" if var.closure else "None"
@@ -272,8 +277,6 @@ class Glue:
                 return f"{obj}.{var.fn}"
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
-        if (rebuild := REBUILDERS.get(type(var))) is not None:
-            return rebuild(self, var)
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
 
     def _lazy_iterable(self, var):

@@ -255,7 +255,14 @@ def _unbound(cls, name):
 
 def _fromkeys(cls):
     """`cls.fromkeys(iterable, value=None)`: every key maps to the same value (Variable)."""
+    keywords = {"value"} if issubclass(cls, collections.OrderedDict) else set()  # OrderedDict.fromkeys(it, value=)
+
     def handler(frame, args, kwargs):
+        if not 1 <= len(args) + len(kwargs) <= 2 or not args or set(kwargs) - keywords:  # CPython's words
+            e = TypeError(f"fromkeys expected at least 1 argument, got {len(args)}" if not args else
+                          f"fromkeys expected at most 2 arguments, got {len(args) + len(kwargs)}"
+                          if not set(kwargs) - keywords else f"{cls.__name__}.fromkeys() takes no keyword arguments")
+            raise Unsupported(f"TypeError: {e}", python_exception=e)
         keys = objects.unpack_iterable(frame, args[0])
         value = args[1] if len(args) > 1 else kwargs.get("value", const(None))
         d = DictVariable({objects.dict_key(k): value for k in keys}, cls=cls)

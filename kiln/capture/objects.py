@@ -27,7 +27,7 @@ from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable
                                     HandlerVariable, NativeExit,
                                     GeneratorVariable, GradModeVariable, IteratorVariable, ListVariable, MethodVariable,
                                     ObjectVariable, PartialVariable, RealCell, RuntimeFunctionVariable, SetVariable,
-                                    SliceVariable, SuperVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable,
+                                    SliceVariable, SuperVariable, SymNodeVariable, TensorKey, TensorVariable, TupleVariable, VariableKey,
                                     const, is_constant)
 from kiln.exc import Unsupported
 
@@ -120,8 +120,8 @@ def const_value(v, why="a non-constant value"):
         vals = [const_value(i, why) for i in v.items]
         return v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
     if isinstance(v, DictVariable):
-        if any(isinstance(k, TensorKey) for k in v.items):
-            raise Unsupported(f"{why}: a dict with tensor keys")
+        if any(isinstance(k, VariableKey) for k in v.items):
+            raise Unsupported(f"{why}: a dict with tensor or object keys")
         return {k: const_value(i, why) for k, i in v.items.items()}
     if isinstance(v, SetVariable):
         return {const_value(i, why) for i in v.items}
@@ -151,6 +151,9 @@ def dict_key(k):
         return TensorKey(k)
     if isinstance(k, ObjectVariable) and type(k.value).__hash__ is object.__hash__:
         return k.value  # hashed by identity (a module, a plain object): its contents do not matter
+    if isinstance(k, (FreshObjectVariable, FunctionVariable, PartialVariable)) and \
+            inspect.getattr_static(k.python_type(), "__hash__", None) is object.__hash__:
+        return VariableKey(k)  # made in the frame and hashed by identity (a partial, a function, a plain object)
     value = const_value(k, "dict key")
     try:
         hash(value)
@@ -161,7 +164,7 @@ def dict_key(k):
 
 def key_var(key):
     """The Variable of a key a DictVariable stores."""
-    return key.var if isinstance(key, TensorKey) else const(key)
+    return key.var if isinstance(key, VariableKey) else const(key)
 
 
 def set_key(v):
@@ -449,8 +452,21 @@ def apply_operator(frame, op, args):
                 isinstance(b, ConstantVariable) and type(b.value) is int:
             items = a.items * b.value
             return ListVariable(items) if isinstance(a, ListVariable) else _tuple_like([a], items)
+        if op is operator.or_ and isinstance(a, DictVariable) and isinstance(b, DictVariable) and \
+                b.cls in (collections.OrderedDict, collections.defaultdict) and b.cls is not a.cls and \
+                issubclass(b.cls, a.cls):  # the right operand's own __ror__ goes first: the result is of its class
+            merged = call_method(frame, b, "copy", [], {})
+            merged.items = {**a.items, **b.items}
+            return merged
         if op in (operator.or_, operator.ior) and isinstance(a, DictVariable) and isinstance(b, DictVariable):
             return call_method(frame, a, "__ior__" if op is operator.ior else "__or__", [b], {})
+        if op in (operator.or_, operator.ior) and any(isinstance(x, DictVariable) for x in (a, b)) and \
+                any(isinstance(x, (ConstantVariable, ListVariable, TupleVariable)) for x in (a, b)):
+            e = TypeError(f"unsupported operand type(s) for |: '{a.python_type().__name__}' and "
+                          f"'{b.python_type().__name__}'")  # dict's | takes only a dict, CPython's words
+            if op is operator.ior and isinstance(a, DictVariable):  # but |= takes any mapping or pairs
+                return call_method(frame, a, "__ior__", [b], {})
+            raise Unsupported(f"TypeError: {e}", python_exception=e)
         if op in (operator.eq, operator.ne) and (_python_eq(a) or _python_eq(b)):
             return _user_equality(frame, op, a, b)
         if op in (operator.eq, operator.ne):
@@ -458,6 +474,8 @@ def apply_operator(frame, op, args):
                     and not _opaque(a, b):
                 if not isinstance(inspect.getattr_static(type(a.value), "__eq__", None), types.FunctionType):
                     return const(op(a.value, b.value))
+            if isinstance(a, DictVariable) and isinstance(b, DictVariable):
+                return const(_dicts_equal(frame, a, b) == (op is operator.eq))
             if type(a) is not type(b) and not (isinstance(a, ConstantVariable) or isinstance(b, ConstantVariable)):
                 return const(op is operator.ne)
             if isinstance(a, (ListVariable, TupleVariable)) and isinstance(b, (ListVariable, TupleVariable)):
@@ -484,6 +502,23 @@ def _sequences_equal(frame, a, b):
     if isinstance(a, ListVariable) != isinstance(b, ListVariable) or len(a.items) != len(b.items):
         return False
     for x, y in zip(a.items, b.items):
+        if not is_same(x, y) and not truth(frame, apply_operator(frame, operator.eq, [x, y])):
+            return False
+    return True
+
+
+def _dicts_equal(frame, a, b):
+    """dict ==, as CPython compares them: the same keys, and each key's values equal (an identical
+    value counting as equal without calling its __eq__); two OrderedDicts also in the same order."""
+    if len(a.items) != len(b.items):
+        return False
+    if issubclass(a.cls, collections.OrderedDict) and issubclass(b.cls, collections.OrderedDict) and \
+            list(a.items) != list(b.items):
+        return False
+    for k, x in a.items.items():
+        if k not in b.items:
+            return False
+        y = b.items[k]
         if not is_same(x, y) and not truth(frame, apply_operator(frame, operator.eq, [x, y])):
             return False
     return True
@@ -728,6 +763,9 @@ def unpack_iterable(frame, v):
         return unpack_iterable(frame, it)
     if isinstance(v, (ObjectVariable, FreshObjectVariable)) and _python_dunder(v.python_type(), "__next__"):
         return _drain(frame, v)
+    if isinstance(v, ConstantVariable) and not hasattr(type(v.value), "__iter__"):  # CPython's words
+        e = TypeError(f"'{type(v.value).__name__}' object is not iterable")
+        raise Unsupported(f"TypeError: {e}", python_exception=e)
     raise Unsupported(f"iterating over {describe(v)}")
 
 
@@ -980,6 +1018,8 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, (BaseIterator, DictViewVariable)) and name in ("__iter__", "__next__", "__reversed__"):
         return MethodVariable(name, obj)
     if isinstance(obj, ObjectVariable):
+        if name == "__dict__" and _has_plain_instance_dict(obj):
+            return instance_dict(frame, obj)
         stored = og.side_effects.load_attr(obj.value, name)
         if stored is og.side_effects.DELETED:
             raise Unsupported(f"AttributeError: {name} was deleted", python_exception=AttributeError(name))
@@ -991,6 +1031,36 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, GradModeVariable) and name in ("__enter__", "__exit__"):
         raise Unsupported("explicit __enter__/__exit__ calls")
     raise Unsupported(f"attribute {name!r} of {describe(obj)}")
+
+
+def _has_plain_instance_dict(obj):
+    """An existing object whose attributes live in a plain __dict__ (not a module, class or function,
+    whose attribute machinery capture models on its own)."""
+    value = obj.value
+    return obj.source is not None and isinstance(getattr(value, "__dict__", None), dict) and \
+        not isinstance(value, (type, types.ModuleType, types.FunctionType, torch.nn.Module))
+
+
+def instance_dict(frame, obj):
+    """`obj.__dict__` of an existing object: the Variable of its real __dict__, which from then on
+    holds the object's attributes for the rest of the capture (attribute stores made before are
+    moved into it, later reads, writes and deletes go through it), so `obj.c = 3` shows in
+    `obj.__dict__` and `obj.__dict__["a"] = 1` in `obj.a`; written back after the graph as a changed
+    dict."""
+    se = frame.og.side_effects
+    tracked = se.instance_dicts.get(id(obj.value))
+    if tracked is None:
+        tracked = frame.og.wrap(obj.value.__dict__, AttrSource(obj.source, "__dict__"))
+        pending = se.pop_attr_stores(obj.value)
+        for name, value in pending:
+            if value is se.DELETED:
+                tracked.items.pop(name, None)
+            else:
+                tracked.items[name] = value
+        if pending:
+            se.mark_mutated(tracked)
+        se.instance_dicts[id(obj.value)] = tracked
+    return tracked
 
 
 def fresh_attr(frame, obj, name):
@@ -1041,6 +1111,12 @@ def delattr_var(frame, obj, name):
     if isinstance(obj, ObjectVariable) and obj.source is not None and isinstance(getattr(obj.value, "__dict__", None), dict) \
             and not isinstance(obj.value, (type, types.ModuleType, torch.nn.Module)):
         se = frame.og.side_effects
+        if (tracked := se.instance_dicts.get(id(obj.value))) is not None:
+            if name not in tracked.items:
+                raise Unsupported(f"AttributeError: {name}", python_exception=AttributeError(name))
+            del tracked.items[name]
+            se.mark_mutated(tracked)
+            return
         pending = se.load_attr(obj.value, name)
         if name in obj.value.__dict__ and pending is not se.DELETED:
             frame.og.guards.in_instance_dict(obj.source, name, True, f"{obj.source!r}.{name} is set")
@@ -1173,6 +1249,10 @@ def _object_attr(frame, obj, name, plain=False):
     inst_dict = getattr(value, "__dict__", None)
     cls_attr = inspect.getattr_static(type(value), name, _NO)
     is_data_descriptor = cls_attr is not _NO and _is_data_descriptor(cls_attr)
+    if (tracked := og.side_effects.instance_dicts.get(id(value))) is not None and not is_data_descriptor:
+        if name in tracked.items:  # its __dict__ as the frame has changed it
+            return tracked.items[name]
+        return _class_attr(frame, obj, type(value), name)
     if isinstance(inst_dict, dict) and name in inst_dict and not is_data_descriptor:
         return og.wrap(inst_dict[name], AttrSource(source, name) if source else None, guard=source is not None)
     if isinstance(inst_dict, dict) and source is not None and not is_data_descriptor:
@@ -1355,6 +1435,10 @@ def setattr_var(frame, obj, name, value):
         elif inspect.getattr_static(type(value_obj), name, None) is not None and \
                 hasattr(type(inspect.getattr_static(type(value_obj), name)), "__set__"):
             raise Unsupported(f"setting descriptor attribute {name}")
+        if (tracked := og.side_effects.instance_dicts.get(id(value_obj))) is not None:
+            tracked.items[name] = value
+            og.side_effects.mark_mutated(tracked)
+            return
         og.side_effects.store_attr(obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)}")
@@ -1447,8 +1531,28 @@ def _refuse_new_leaf(frame, what, kwargs):
         raise Unsupported(f"{what}(requires_grad=True) makes a new autograd leaf")
 
 
+@functools.cache
+def _is_inplace_view_op(name):
+    """Whether aten tags `name` as an in-place view op: it changes a tensor's sizes or strides in place
+    (unsqueeze_, t_, transpose_, as_strided_, resize_as_, set_)."""
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    return any(torch.Tag.inplace_view in getattr(packet, o).tags for o in packet.overloads())
+
+
+def _refuse_input_metadata_change(t, name):
+    """An in-place view op on a tensor from outside the frame (an argument, a module's parameter)
+    changes that input's metadata: it runs between graphs, as torch.compile runs it, so the graph
+    after it sees the input with its new sizes and strides."""
+    if t.source is not None and _is_inplace_view_op(name):
+        raise Unsupported(f"Tensor.{name}() changes the sizes or strides of a tensor from outside the frame",
+                          kind="global_state")
+
+
 def _tensor_method(frame, t, name, args, kwargs):
     _refuse_new_leaf(frame, f"Tensor.{name}", kwargs)
+    _refuse_input_metadata_change(t, name)
     if name == "item" and config.capture_scalar_outputs and not args and not kwargs:
         # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
         # at capture time, so a Python branch on it still breaks)
@@ -1564,6 +1668,8 @@ def call_torch(frame, fn, args, kwargs):
     if _passes_python_callable(args, kwargs):
         raise Unsupported(f"torch function {name} called with a Python function argument")
     _refuse_new_leaf(frame, f"torch.{name}", kwargs)
+    if args and isinstance(args[0], TensorVariable):  # Tensor.unsqueeze_(x, 0)
+        _refuse_input_metadata_change(args[0], name)
     if not has_tensor:
         # a query (dispatch state, flags) must see the real state, not capture's fake mode; a factory
         # (torch.zeros) must become a node: the fake run tells which, without touching real RNG state
@@ -1785,8 +1891,14 @@ def _construct_module(frame, cls, args, kwargs):
     buffers, made natively once from arguments known exactly and reused by every call (it holds no
     state a call could change). One that has parameters, or draws random numbers to make them, would
     differ on every eager call: that breaks the graph."""
-    values = [const_value(a, "an argument of a module made in the frame") for a in args]
-    kw = {k: const_value(v, "an argument of a module made in the frame") for k, v in kwargs.items()}
+    try:
+        values = [const_value(a, "an argument of a module made in the frame") for a in args]
+        kw = {k: const_value(v, "an argument of a module made in the frame") for k, v in kwargs.items()}
+    except Unsupported:  # built from values only the frame knows: followed through the class's __init__
+        made = SUBCLASS_CONSTRUCTORS[torch.nn.Module](frame, cls, args, kwargs)  # (fresh_modules)
+        if made is None:
+            raise
+        return made
     rng = torch.random.get_rng_state()
     try:
         module = cls(*values, **kw)
@@ -1843,6 +1955,19 @@ def _initialize_lazy_module(og, mod, args, kwargs):
         raise Unsupported(f"initializing lazy module {type(mod).__qualname__} raised {type(e).__name__}: {e}") from e
 
 
+def guard_no_global_module_hooks(og):
+    """A module call runs as its forward alone only while no global module hook is registered."""
+    if not og.hook_globals_guarded:
+        mm = og.guards.const(_MODULE_MOD, "MM")
+        og.guards.add(None, f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks or "
+                            f"{mm}._global_backward_hooks or {mm}._global_backward_pre_hooks)",
+                      "no global module hooks")
+        og.hook_globals_guarded = True
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(_MODULE_MOD, "_global" + h) for h in hooks):
+        raise Unsupported("global module hooks")
+
+
 def call_module(frame, mod_var, args, kwargs):
     """`module(*args)`: forward pre-hooks, forward, forward hooks — guarded on the hook dicts."""
     og, mod = frame.og, mod_var.value
@@ -1858,15 +1983,7 @@ def call_module(frame, mod_var, args, kwargs):
         raise Unsupported(f"{type(mod).__qualname__}.__call__ is not a Python function")
     if inspect.getattr_static(type(mod), "_call_impl", None) is not _MODULE_CALL_IMPL:
         raise Unsupported(f"{type(mod).__qualname__} overrides nn.Module._call_impl")
-    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    if not og.hook_globals_guarded:
-        mm = og.guards.const(_MODULE_MOD, "MM")
-        og.guards.add(None, f"not ({mm}._global_forward_hooks or {mm}._global_forward_pre_hooks or "
-                            f"{mm}._global_backward_hooks or {mm}._global_backward_pre_hooks)",
-                      "no global module hooks")
-        og.hook_globals_guarded = True
-        if any(getattr(_MODULE_MOD, "_global" + h) for h in hooks):
-            raise Unsupported("global module hooks")
+    guard_no_global_module_hooks(og)
     if mod._backward_hooks or mod._backward_pre_hooks:
         raise Unsupported("module backward hooks")
     pre, post = mod._forward_pre_hooks, mod._forward_hooks
@@ -1974,8 +2091,12 @@ def mapping_items(frame, v):
         keys = unpack_iterable(frame, call(frame, getattr_var(frame, v, "keys"), [], {}))
         return {dict_key(k): getitem(frame, v, k) for k in keys}
     items = {}
-    for pair in unpack_iterable(frame, v):
-        k, value = unpack_iterable(frame, pair)
+    for i, pair in enumerate(unpack_iterable(frame, v)):
+        parts = unpack_iterable(frame, pair)
+        if len(parts) != 2:  # CPython's words
+            e = ValueError(f"dictionary update sequence element #{i} has length {len(parts)}; 2 is required")
+            raise Unsupported(f"ValueError: {e}", python_exception=e)
+        k, value = parts
         items[dict_key(k)] = value
     return items
 

@@ -169,8 +169,40 @@ def call_list_method(frame, lst, name, args, kwargs):
     return result
 
 
+# dict methods' positional argument counts (CPython's signatures): a call outside them raises
+# CPython's TypeError before the method does anything
+_DICT_ARITY = {"keys": (0, 0), "values": (0, 0), "items": (0, 0), "clear": (0, 0), "copy": (0, 0), "__len__": (0, 0),
+               "popitem": (0, 0), "get": (1, 2), "pop": (1, 2), "setdefault": (1, 2), "__getitem__": (1, 1),
+               "__contains__": (1, 1), "__delitem__": (1, 1), "__setitem__": (2, 2), "__eq__": (1, 1),
+               "__ne__": (1, 1), "__or__": (1, 1), "__ior__": (1, 1), "update": (0, 1), "__init__": (0, 1),
+               "move_to_end": (1, 2)}
+_DICT_KEYWORDS = {"update": None, "__init__": None, "popitem": {"last"}, "move_to_end": {"last"}}  # None: any
+
+
+def _check_dict_arguments(d, name, args, kwargs):
+    low, high = _DICT_ARITY.get(name, (0, len(args)))
+    if name == "popitem" and issubclass(d.cls, collections.OrderedDict):
+        high = 1  # OrderedDict.popitem(last=True)
+    allowed = _DICT_KEYWORDS.get(name, set())
+    bad_keyword = allowed is not None and any(k not in allowed for k in kwargs)
+    if low <= len(args) <= high and not bad_keyword:
+        return
+    n, plural = len(args), (lambda k: "argument" if k == 1 else "arguments")
+    if bad_keyword:
+        text = f"{name}() got an unexpected keyword argument"
+    elif high == 0:
+        text = f"{d.cls.__name__}.{name}() takes no arguments ({n} given)"
+    elif n < low:
+        text = f"{name} expected at least {low} {plural(low)}, got {n}"
+    else:
+        text = f"{name} expected at most {high} {plural(high)}, got {n}"
+    e = TypeError(text)  # CPython's words
+    raise Unsupported(f"TypeError: {e}", python_exception=e)
+
+
 def _dict_method(frame, d, name, args, kwargs):
     og = frame.og
+    _check_dict_arguments(d, name, args, kwargs)
     if name in ("keys", "values", "items"):
         return DictViewVariable(d, name)
     if name in ("get", "__getitem__"):
@@ -184,8 +216,12 @@ def _dict_method(frame, d, name, args, kwargs):
         return const(dict_key(args[0]) in d.items)
     if name == "__len__":
         return const(len(d.items))
-    if name == "copy":
-        copied = DictVariable(d.items, cls=d.cls)
+    if name in ("__eq__", "__ne__"):  # dict's own: NotImplemented for anything but a mapping of its kind
+        if not isinstance(args[0], DictVariable):
+            return const(NotImplemented)
+        return apply_operator(frame, operator.eq if name == "__eq__" else operator.ne, [d, args[0]])
+    if name == "copy":  # (a mappingproxy's copy is its mapping's: a dict)
+        copied = DictVariable(d.items, cls=dict if d.cls is types.MappingProxyType else d.cls)
         if hasattr(d, "default_factory"):
             copied.default_factory = d.default_factory
         return copied

@@ -13,6 +13,9 @@ class SideEffects:
         self.cell_stores = {}    # id(cell) -> (CellSource, value Variable)
         self.mutated = []        # existing containers changed in place (ListVariable/DictVariable)
         self._data_stores = 0    # `t.data = v` stores so far (each keyed apart)
+        # id(existing object) -> the DictVariable of its __dict__, once the frame read `obj.__dict__`:
+        # from then on it holds the object's attributes (objects.instance_dict)
+        self.instance_dicts = {}
 
     DELETED = object()
 
@@ -34,6 +37,12 @@ class SideEffects:
 
     def forget_attr(self, obj, name):
         self.attr_stores.pop((id(obj), name), None)
+
+    def pop_attr_stores(self, obj):
+        """The (name, value or DELETED) stores made so far on `obj`, in the order first made; they
+        are no longer kept here."""
+        keys = [k for k in self.attr_stores if k[0] == id(obj)]
+        return [self.attr_stores.pop(k)[1:] for k in keys]
 
     def load_attr(self, obj, name):
         entry = self.attr_stores.get((id(obj), name))

@@ -277,21 +277,32 @@ class SliceVariable(Variable):
         return slice
 
 
-class TensorKey:
-    """A tensor used as a dict key: hashed and compared by identity, as torch.Tensor is."""
+class VariableKey:
+    """A dict key that is a Variable rather than a constant, hashed and compared by identity."""
     __slots__ = ("var",)
 
     def __init__(self, var):
         self.var = var
 
     def __hash__(self):
+        return id(self.var)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.var is self.var
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.var!r})"
+
+
+class TensorKey(VariableKey):
+    """A tensor used as a dict key: hashed and compared by identity, as torch.Tensor is."""
+    __slots__ = ()
+
+    def __hash__(self):
         return id(self.var.fake)
 
     def __eq__(self, other):
         return isinstance(other, TensorKey) and other.var.fake is self.var.fake
-
-    def __repr__(self):
-        return f"TensorKey({self.var!r})"
 
 
 class DictVariable(Variable):
@@ -358,6 +369,10 @@ class MethodVariable(Variable):
 
 class FreshObjectVariable(Variable):
     """An instance of a user class created inside the frame; attributes tracked symbolically."""
+    # how the glue builds it after the graph (fresh_modules overrides them for nn.Module): a new
+    # instance, then each attribute in `attrs` set through `set_attribute`
+    new_instance = staticmethod(object.__new__)
+    set_attribute = staticmethod(object.__setattr__)
 
     def __init__(self, cls):
         self.cls, self.attrs = cls, {}

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from tests.utils import check_graphs
+from tests.utils import CompileCounter, assert_same, check_graphs
 
 
 def torch_functions(x):
@@ -191,6 +191,39 @@ def test_out_argument_written():
 
 def test_inplace_metadata_change_on_input():
     check_graphs(inplace_input_unsqueeze_, torch.randn(3), graphs=1)
+
+
+def _transpose_input_mid_frame(x, w):
+    y = x @ w
+    x.t_()
+    return x * 2, y
+
+
+def _unsqueeze_input_by_function(x):
+    torch.Tensor.unsqueeze_(x, 1)
+    return x + 1
+
+
+@pytest.mark.parametrize("fn, args, graphs, shape_after", [
+    (inplace_input_unsqueeze_, (torch.randn(3),), 1, (1, 3)),
+    (_transpose_input_mid_frame, (torch.randn(2, 3), torch.randn(3, 4)), 2, (3, 2)),
+    (_unsqueeze_input_by_function, (torch.randn(4),), 1, (4, 1)),
+], ids=["unsqueeze_", "t_ after an op", "Tensor.unsqueeze_(x)"])
+def test_metadata_change_of_an_input_runs_between_graphs(fn, args, graphs, shape_after):
+    """An in-place view op on an argument (x.t_(), x.unsqueeze_(0)) runs between graphs, as torch.compile
+    runs it: the graph after it is compiled for the input with its new sizes; results and the input's
+    shape after the call match eager."""
+    input_shapes = []
+
+    class Recording(CompileCounter):
+        def __call__(self, gm, example_inputs):
+            input_shapes.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+            return super().__call__(gm, example_inputs)
+
+    counter = Recording()
+    assert_same(fn, kiln.compile(fn, backend=counter), *args)
+    assert counter.frame_count == graphs
+    assert shape_after in input_shapes[-1] and tuple(args[0].shape) not in input_shapes[-1]
 
 
 def test_returned_input_is_the_same_object():
