@@ -225,6 +225,22 @@ def test_symbolic_sizes_are_kernel_arguments(interpreter):
             torch.testing.assert_close(compiled(x), fn(x))
 
 
+def test_floats_computed_from_sizes_are_doubles_in_kernels(interpreter):
+    # 1.0 / x.size(1) is a Python float (a double, as eager's) computed by the wrapper; a kernel takes
+    # it as float64 (Triton types a bare Python float as float32)
+    def fn(x):
+        return x * (1.0 / x.size(1)), x.mean(-1), x.var(-1) + x.size(0) / 3
+    kiln.reset()
+    compiled = kiln.compile(fn, options=TRITON, dynamic=True)
+    for cols in (7, 11):
+        x = torch.randn(5, cols, dtype=torch.float64)
+        with no_whole_graph_fallback():
+            got = compiled(x)
+        expected = fn(x)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)  # one rounding, of the double
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_variance_and_norms_read_a_long_row_once(interpreter, dtype):
     # rows past one block: mean and variance in one loop over the row (Welford's update, lanes
