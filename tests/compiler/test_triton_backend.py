@@ -499,3 +499,35 @@ def test_coordinate_descent_tuning_tunes_triton_launches_and_keeps_them_on_disk(
     files, chosen_both = run(coordinate_descent_tuning=True, max_autotune=True)  # both: descent from the best candidate
     assert len(files) == 4 and chosen_both == chosen  # kept apart from the descent's own choices
     assert set(triton_autotune.candidates(triton_autotune.Config(1024, 1, 8), "pointwise", 4096)) <= set(timed)
+
+
+# ---- the kernels compile for a GPU (no GPU needed: Triton compiles to a cubin offline) -----------
+
+NOT_FOR_A_GPU = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(out, n):
+    tl.store(out + tl.arange(0, n), 1.0)  # a block size that is no constexpr: the interpreter runs it
+'''
+
+
+def test_kernels_compile_for_a_gpu_target(interpreter, monkeypatch, tmp_path):
+    from triton.runtime import interpreter as triton_interpreter
+    from tests.compiler import triton_gpu_compile
+    records = []
+    launch = triton_interpreter.GridExecutor.__call__
+    monkeypatch.setattr(triton_interpreter.GridExecutor, "__call__", triton_gpu_compile.recorder(launch, records))
+
+    def fn(x):  # a reduction, a float from sizes (a float64 argument), libdevice's tanh
+        return x.softmax(-1), x * (1.0 / x.size(0)), x.tanh()
+    run_triton(fn, torch.randn(3, 40, dtype=torch.float64), dynamic=True)
+    assert records  # (one fused kernel)
+    broken = tmp_path / "not_for_a_gpu.py"
+    broken.write_text(NOT_FOR_A_GPU)
+    records.append({"path": str(broken), "name": "kernel", "args": [["tensor", "float32", True], ["int", 8]],
+                    "constexprs": {}, "num_warps": 4})
+    status, output = triton_gpu_compile.compile_in_a_fresh_process(records)
+    assert f"{len(records)} launches, {len(records) - 1} compiled, 1 failed" in output, output
+    assert "not_for_a_gpu.py::kernel" in output and status == 1
