@@ -9,7 +9,8 @@ dtype), so this is the check that the first GPU run does not spend its minutes o
 
 As a pytest plugin it records each launch (the kernel's module, function, argument kinds, blocks and
 warps) and at the end compiles them in a fresh process (the interpreter patches triton.language in
-the process it runs in): `python -m tests.compiler.triton_gpu_compile RECORDS.jsonl` does that part.
+the process it runs in): `python -m tests.compiler.triton_gpu_compile LAUNCHES.jsonl` does that part
+(KILN_TRITON_LAUNCHES=path keeps the launches' file).
 """
 import json
 import os
@@ -71,6 +72,10 @@ def compile_in_a_fresh_process(records):
 
 
 def pytest_terminal_summary(terminalreporter):
+    keep = os.environ.get("KILN_TRITON_LAUNCHES")  # a file to keep the launches in (to compile them again)
+    if keep:
+        with open(keep, "w") as f:
+            f.write("\n".join(json.dumps(r) for r in RECORDS))
     _, output = compile_in_a_fresh_process(RECORDS)
     for line in output.strip().splitlines()[-40:]:
         terminalreporter.write_line(line)
