@@ -91,7 +91,7 @@ class StepTimer:
             if name.startswith("entry"):
                 scope[name] = self._shim(value, "kernel " + kernels_of.get(name, name))
             elif name.startswith("aten_"):
-                scope[name] = self._shim(value, "aten " + str(value))
+                scope[name] = self._aten_shim(value)
             elif name == "fix_layout":
                 scope[name] = self._fix_layout(value)
         graph = types.FunctionType(fn.__code__, scope, "kiln_graph_original", fn.__defaults__)
@@ -113,6 +113,13 @@ class StepTimer:
             finally:
                 self.totals[label] += clock() - begin
                 self.counts[label] += 1
+        return shim
+
+    def _aten_shim(self, op):
+        """A timed stand-in for an aten op, also where the wrapper calls the op's C++ callable (`op._op`)."""
+        shim = self._shim(op, "aten " + str(op))
+        if hasattr(op, "_op"):
+            shim._op = self._shim(op._op, "aten " + str(op))
         return shim
 
     def _fix_layout(self, fn):

@@ -44,7 +44,7 @@ from kiln.backends import registry
 from kiln.capture import portable
 from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.class_watch import ClassWatch
-from kiln.capture.guards import SYMPY_PRINTER_NAMES, Guard, Liveness, first_failure_reporter
+from kiln.capture.guards import SYMPY_PRINTER_NAMES, Guard, Liveness, compile_guards, first_failure_reporter
 from kiln.capture.sources import AttrSource, CellSource, GlobalSource, ItemSource, LocalSource
 from kiln.debug.logs import log
 
@@ -164,7 +164,7 @@ def _used(consts, text):
 
 
 def _describe_used(consts, text, tags):
-    return {name: portable.describe(value, tags) for name, value in _used(consts, text)}
+    return {name: portable.describe_guard_value(value, tags) for name, value in _used(consts, text)}
 
 
 def store(cache, entry):
@@ -266,12 +266,10 @@ class _Stored:
 
     def _build_guards(self):
         consts = {name: portable.rebuild(desc) for name, desc in self.form["guard_consts"].items()}
-        ns = {**SYMPY_PRINTER_NAMES, **consts}
-        src, fail_src = self.form["guards"]
-        exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
+        check, failure = compile_guards(*self.form["guards"], {**SYMPY_PRINTER_NAMES, **consts})
         self.guards = [Guard(None, None, text, None) for text in self.form["guard_texts"]]
-        self.first_failure = first_failure_reporter(ns["__kiln_guard_failure"], self.guards)
-        self.check = ns["__kiln_guard"]
+        self.first_failure = first_failure_reporter(failure, self.guards)
+        self.check = check
 
 
 # ---- the key --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ Objects checked by identity (modules, user functions and classes) are held weakl
 keep alive what it checks, and once such an object dies no call can pass the guard again, so the
 entry's `Liveness` tells its cache to drop it.
 """
+import enum
 import inspect
 import math
 import sys
@@ -80,7 +81,7 @@ class GuardSet:
     def ref(self, obj, hint):
         """An expression for `obj` in a guard: a plain constant, or a call of a weak reference (None
         once `obj` has died) for objects that may die while the program runs."""
-        if _held_weakly(obj):
+        if held_weakly(obj):
             return f"{self.const(self.liveness.ref(obj), 'W')}()"
         return self.const(obj, hint)
 
@@ -97,24 +98,42 @@ class GuardSet:
         Another process, where that code object is another one, checks the code's fingerprint instead
         (the same bytecode, constants, names and closure layout: it does the same)."""
         function_type = self.ref(types.FunctionType, "T")
-        rest = (f"v.__globals__ is {self.ref(fn.__globals__, 'GD')} and "
+        self.add(source, f"type(v) is {function_type} and v.__code__ is {self.ref(fn.__code__, 'CODE')} and "
+                         f"{self._same_frame_shape(fn)}",
+                 f"{source!r} is a function of {fn.__code__.co_qualname}", self._portable_code_match(fn))
+
+    def _same_frame_shape(self, fn):
+        return (f"v.__globals__ is {self.ref(fn.__globals__, 'GD')} and "
                 f"len(v.__defaults__ or ()) == {len(fn.__defaults__ or ())} and "
                 f"len(v.__kwdefaults__ or ()) == {len(fn.__kwdefaults__ or ())}")
-        portable = (f"type(v) is {self.const(types, 'TYPES')}.FunctionType and "  # (found by module: its name is not)
-                    f"{self.const(code_fingerprint, 'CODEFP')}(v.__code__) == {code_fingerprint(fn.__code__)!r} and {rest}")
-        self.add(source, f"type(v) is {function_type} and v.__code__ is {self.ref(fn.__code__, 'CODE')} and {rest}",
-                 f"{source!r} is a function of {fn.__code__.co_qualname}", portable)
+
+    def _portable_code_match(self, fn):
+        return (f"type(v) is {self.const(types, 'TYPES')}.FunctionType and "  # (found by module: its name is not)
+                f"{self.const(code_fingerprint, 'CODEFP')}(v.__code__) == {code_fingerprint(fn.__code__)!r} and "
+                f"{self._same_frame_shape(fn)}")
 
     def id_match(self, source, value):
         ref = self.ref(value, "ID")
         portable = f"v is {ref}"  # a module, or a function or class its module holds: found by name there
         if ref.endswith("()"):  # a dead referent reads None: `is not None` keeps a None value from passing
             ref += " is not None"
-            # a live instance exists in this process only. An nn.Module is captured through guarded
-            # sources alone (its attributes by value, its parameters as inputs, its class unchanged),
-            # so another process may check its type instead; anything else is not portable
-            portable = f"type(v) is {self.const(type(value), 'T')}" if isinstance(value, torch.nn.Module) else None
+            portable = self._portable_identity(value)
         self.add(source, f"v is {ref}", f"{source!r} is {_short(value)}", portable)
+
+    def _portable_identity(self, value):
+        """What another process checks for a live object this one checks by identity (it exists in
+        this process only), or None: nothing sound."""
+        if isinstance(value, torch.nn.Module):
+            # captured through guarded sources alone (its attributes by value, its parameters as inputs,
+            # its class unchanged), so another process may check its type instead
+            return f"type(v) is {self.const(type(value), 'T')}"
+        if isinstance(value, enum.Enum) and not held_weakly(type(value)):  # one member of each name per class
+            return f"type(v) is {self.const(type(value), 'T')} and v._name_ == {value._name_!r}"
+        if type(value) is types.FunctionType and _module_globals(value):
+            # a function no module holds by its name (the original inside a decorator's closure): capture
+            # followed its code, and read its defaults, cells and attributes through guarded sources
+            return self._portable_code_match(value)
+        return None  # (a function over a namespace of its own: holding that here would keep it alive)
 
     def const_match(self, source, value):
         if value is None or value is True or value is False or value is Ellipsis:
@@ -124,9 +143,12 @@ class GuardSet:
         else:
             c = self.const(value, "K")
             check = f"type(v) is {self.ref(type(value), 'T')} and v == {c}"
+            portable = _SAME
             if type(value) is types.CodeType:  # immutable: the same object is equal without a field-by-field compare
                 check = f"v is {c} or ({check})"
-            self.add(source, check, f"{source!r} == {value!r}")
+                portable = (f"type(v) is {self.const(types, 'TYPES')}.CodeType and "  # (another process's code object)
+                            f"{self.const(code_fingerprint, 'CODEFP')}(v) == {code_fingerprint(value)!r}")
+            self.add(source, check, f"{source!r} == {value!r}", portable)
 
     def tensor_match(self, source, t, dynamic=()):
         dt, device = self.const(t.dtype, "DT"), self._device_check(t)
@@ -195,7 +217,7 @@ class GuardSet:
             if id(klass) in self._classes or not class_watch.can_change(klass):
                 continue
             self._classes.add(id(klass))
-            if _held_weakly(klass):
+            if held_weakly(klass):
                 self.liveness.ref(klass)  # a class made at run time: the entry goes when it dies
             self.add(None, class_watch.guard_expression(klass, self.const), f"class {klass.__qualname__} unchanged")
 
@@ -216,9 +238,8 @@ class GuardSet:
     def build(self):
         """-> (check(F, L) -> bool, first_failure(F, L) -> Guard|None, source text)."""
         src, fail_src = self.sources()
-        ns = {**SYMPY_PRINTER_NAMES, **self.ctx.consts}
-        exec(compile(src + "\n" + fail_src, "<kiln guards>", "exec"), ns)
-        return ns["__kiln_guard"], first_failure_reporter(ns["__kiln_guard_failure"], self.guards), src
+        check, failure = compile_guards(src, fail_src, {**SYMPY_PRINTER_NAMES, **self.ctx.consts})
+        return check, first_failure_reporter(failure, self.guards), src
 
     def sources(self, portable=False):
         """The source text of `__kiln_guard` and `__kiln_guard_failure`; `portable`: of the checks
@@ -256,9 +277,27 @@ class GuardSet:
         return src, fail_src
 
 
-def first_failure_reporter(failure, guards):
-    """first_failure(F, L) -> the first Guard (or its text) that fails, from `__kiln_guard_failure`."""
+def compile_guards(src, fail_src, ns):
+    """(`__kiln_guard`, a function that makes `__kiln_guard_failure` when first asked) from their sources
+    over the namespace `ns`. The failure function is as long as the guard and most entries never fail
+    (or fail only to report why): compiling it on first use halves the compile of a warm load."""
+    exec(compile(src, "<kiln guards>", "exec"), ns)
+
+    def failure():
+        exec(compile(fail_src, "<kiln guards>", "exec"), ns)
+        return ns["__kiln_guard_failure"]
+    return ns["__kiln_guard"], failure
+
+
+def first_failure_reporter(make_failure, guards):
+    """first_failure(F, L) -> the first Guard (or its text) that fails, from `__kiln_guard_failure`
+    (made by `make_failure()` on the first call)."""
+    failure = None
+
     def first_failure(F, L):
+        nonlocal failure
+        if failure is None:
+            failure = make_failure()
         i = failure(F, L)
         if i is None:
             return None
@@ -294,14 +333,21 @@ class Liveness:
             callback()
 
 
-def _held_weakly(value):
+def _module_globals(fn):
+    """`fn` runs over a module's namespace (which lives as long as the process), not one of its own."""
+    name = fn.__globals__.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return module is not None and getattr(module, "__dict__", None) is fn.__globals__
+
+
+def held_weakly(value):
     """Objects that may die while the program runs: instances (modules of the user's model), and
     functions and classes that are not attributes of their module (closures, classes made at run
     time, code exec'd into a namespace of its own). Module objects, and functions and classes their
     module holds, live as long as the process and are held plainly (cheaper to check)."""
     if isinstance(value, types.ModuleType) or not type(value).__weakrefoffset__:
         return False
-    if isinstance(value, (type, types.FunctionType)):
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):  # (C functions of a module too)
         return not module_attribute(value)
     return True
 

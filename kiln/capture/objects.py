@@ -18,6 +18,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
+from kiln.capture.guards import held_weakly
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.config import config
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
@@ -1464,8 +1465,10 @@ def _tensor_method(frame, t, name, args, kwargs):
     return frame.og.call_op("call_method", name, [t] + list(args), kwargs)
 
 
-def call_python_function(frame, fn, args, kwargs):
-    """Inline a plain Python function (existing object)."""
+def call_python_function(frame, fn, args, kwargs, source=None):
+    """Inline a plain Python function (existing object); `source`: where the frame found it, when no
+    module holds it by name (the function inside a decorator's closure), so that its defaults and
+    cells are read, and guarded, where another process finds them too."""
     if is_disabled_function(fn):
         raise Unsupported(f"call to kiln.disable'd function {fn.__qualname__}", kind="disabled_function")
     handler = BUILTIN_HANDLERS.get(fn)  # a Python function capture models instead of inlining
@@ -1477,14 +1480,15 @@ def call_python_function(frame, fn, args, kwargs):
     if mod.split(".")[0] in ("logging", "warnings"):
         raise Unsupported(f"call to {mod}.{fn.__qualname__} (logging/warnings have effects outside the graph)",
                           kind="print_or_log")
-    fn = getattr(fn, "__kiln_orig__", fn)
+    if hasattr(fn, "__kiln_orig__"):
+        fn, source = fn.__kiln_orig__, None
     if not isinstance(fn, types.FunctionType):
         return call(frame, frame.og.wrap(fn, None, guard=False), args, kwargs)
     if fn is _MODULE_GETATTR and len(args) == 2 and isinstance(args[0], ObjectVariable) and not kwargs:
         return module_store_attr(frame, args[0], const_value(args[1], "attribute name"))
     if _is_torch_op(fn) and not _passes_python_callable(args, kwargs):
         return call_torch(frame, fn, args, kwargs)
-    return _inline_function(frame, fn, args, kwargs)
+    return _inline_function(frame, fn, args, kwargs, source if source is not None and held_weakly(fn) else None)
 
 
 def _passes_python_callable(args, kwargs):
@@ -1651,7 +1655,7 @@ def _call_value(frame, fn_var, args, kwargs):
         og.set_grad_enabled(fn.mode)
         return const(None)
     if isinstance(fn, types.FunctionType):
-        return call_python_function(frame, fn, args, kwargs)
+        return call_python_function(frame, fn, args, kwargs, fn_var.source)
     if type(fn) is torch._C.ScriptFunction and \
             isinstance(python := getattr(fn, "_torchdynamo_inline", None), types.FunctionType):
         return call_python_function(frame, python, args, kwargs)  # @torch.jit.script: the Python it compiled

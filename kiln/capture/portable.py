@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import json
 import operator
+import os
 import sys
 import types
 import weakref
@@ -160,9 +161,10 @@ def describe(obj, watched_tags):
         if sys.modules.get(obj.__name__) is not obj:
             raise Unportable(f"module {obj.__name__} is not imported under its name")
         return ["module", obj.__name__]
-    if type(obj) is dict and _module_named(obj.get("__name__")) is not None \
-            and _module_named(obj["__name__"]).__dict__ is obj:
+    if type(obj) is dict and _is_module_namespace(obj):
         return ["globals", obj["__name__"]]
+    if obj is os.environ:  # (models read settings from it; its entries are guarded one by one)
+        return ["environ"]
     if isinstance(obj, class_watch.ClassWatch):
         return ["class_watch", describe(obj.cls(), watched_tags)]
     if isinstance(obj, ctypes.c_uint) and id(obj) in watched_tags:
@@ -176,12 +178,25 @@ def describe(obj, watched_tags):
     raise Unportable(f"a {type(obj).__name__} exists in this process only")
 
 
+def describe_guard_value(obj, watched_tags):
+    """describe() for a guard's constants, which guards only read: a dict of str keys (the keyword
+    arguments of a folded call) by value too (a glue's dict is a live object it may write to)."""
+    if type(obj) is dict and all(type(k) is str for k in obj) and not _is_module_namespace(obj):
+        return ["dict", [[k, describe_guard_value(v, watched_tags)] for k, v in obj.items()]]
+    return describe(obj, watched_tags)
+
+
 def _fingerprint(obj):
     if isinstance(obj, type):
         return class_fingerprint(obj)
     if isinstance(obj, types.FunctionType):
         return function_fingerprint(obj)
     return None
+
+
+def _is_module_namespace(d):
+    module = _module_named(d.get("__name__"))
+    return module is not None and module.__dict__ is d
 
 
 def _module_named(name):
@@ -228,6 +243,10 @@ def rebuild(desc):
         return _import(rest[0])
     if kind == "globals":
         return _import(rest[0]).__dict__
+    if kind == "dict":
+        return {k: rebuild(d) for k, d in rest[0]}
+    if kind == "environ":
+        return os.environ
     if kind == "class_watch":
         return class_watch.ClassWatch(rebuild(rest[0]))
     if kind == "class_tag":

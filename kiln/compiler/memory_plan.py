@@ -80,8 +80,12 @@ def release_after(program):
 
 
 def inplace_writes(program):
-    """{kernel-written buffer: the input whose memory it is written into} (see the module doc)."""
-    owned, kept, last = solely_owned(program), kept_to_the_end(program), last_steps(program)
+    """{kernel-written buffer: the input whose memory it is written into} (see the module doc).
+    The input may be read through values the kernel keeps in registers (batch norm's output, read
+    by the silu that is stored), and a value written over a tensor may itself be written over by a
+    later kernel (the SE block's x * scale over silu(bn(conv))): one buffer where eager has three."""
+    viewed, kept, last = _maybe_viewed(program), kept_to_the_end(program), last_steps(program)
+    owned = solely_owned(program, viewed)
     out = {}
     for k, step in enumerate(program.steps):
         if not isinstance(step, Kernel) or any(n.sequential is not None for n in step.nodes):
@@ -89,24 +93,46 @@ def inplace_writes(program):
         for node in step.nodes:
             if program.storage[node.name] not in ("tensor", "output", "workspace") or node.is_reduction:
                 continue
-            for name in sorted(node.reads):
+            for name in sorted(_reads_through_registers(program, step, node)):
                 if (name in owned and name not in kept and last.get(name) == k and name not in out.values()
                         and _same_memory(program.buffers[name].layout, node.layout)
                         and _stores_each_element_once(node.layout)
                         and _reads_only_where_stored(step, node, name)):
                     out[node.name] = name
+                    if node.name not in viewed and program.storage[node.name] != "output":
+                        owned.add(node.name)  # a tensor now (plan_memory), and only this call's
                     break
     return out
 
 
-def solely_owned(program):
-    """Python-held buffers whose memory nothing else can reach: written by kiln's kernels, or
-    results of aten ops whose schema says they alias no input, and never the argument of an aten
-    call that may return a view of it."""
+def _reads_through_registers(program, kernel, node):
+    """What `node` reads, directly or through values of its kernel that stay in registers."""
+    reads, todo = set(), [node.name]
+    nodes = {n.name: n for n in kernel.nodes}
+    while todo:
+        for name in nodes[todo.pop()].reads:
+            if name in reads:
+                continue
+            reads.add(name)
+            if name in nodes and program.storage.get(name) == "local":
+                todo.append(name)
+    return reads - {n for n in reads if program.storage.get(n) == "local"}
+
+
+def _maybe_viewed(program):
+    """Buffers an aten call reads that may return a view of them."""
     viewed = set()
     for step in program.steps:
         if isinstance(step, ir.ExternCall) and not _returns_fresh(step.target):
             viewed |= extern_reads(step)
+    return viewed
+
+
+def solely_owned(program, viewed=None):
+    """Python-held buffers whose memory nothing else can reach: written by kiln's kernels, or
+    results of aten ops whose schema says they alias no input, and never the argument of an aten
+    call that may return a view of it."""
+    viewed = _maybe_viewed(program) if viewed is None else viewed
     owned = set()
     for name, buf in program.buffers.items():
         if program.storage.get(name) != "tensor" or name in viewed:

@@ -217,6 +217,56 @@ def test_a_closure_whose_code_changed_is_captured_again(tmp_path, closures_cache
     assert again["captures"] == 2 and again["loads"] == 0, again
 
 
+_LIBRARY_STYLE = """
+import enum
+import functools
+class Mode(enum.Enum):
+    FAST = 1
+    SLOW = 2
+def checked(fn):
+    fn.checked = True  # an attribute of its own: no longer a plain closure, checked by identity in-process
+    @functools.wraps(fn)
+    def wrapper(t, mode=Mode.FAST):
+        if wrapper.__code__ == WRAPPER_CODE and mode is Mode.FAST:
+            return fn(t) + 1
+        return fn(t)
+    return wrapper
+@checked
+def tripled(t):
+    import os
+    return ACT(t) * 3 + float(os.environ.get("KILN_TEST_SHIFT", "1"))
+class Act(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = torch.nn.functional.gelu  # a C function held by an instance
+    def forward(self, t):
+        return self.act(t)
+ACT = Act()
+WRAPPER_CODE = tripled.__code__
+"""
+
+
+def test_decorated_functions_enum_members_and_code_objects_are_stored(tmp_path):
+    """What library code is made of (transformers' models): the original function inside a decorator's
+    closure, which no module holds by name, an enum member, a code object compared, a C function a
+    module instance holds, os.environ: another process checks them by code fingerprint, by class and
+    name, by fingerprint, by name, and loads the entry."""
+    cold, _ = _run(tmp_path, backend="eager", helper_body="tripled(x) * k\n" + _LIBRARY_STYLE)
+    assert cold["captures"] == 2 and cold["stores"] == 2, cold
+    warm, _ = _run(tmp_path, backend="eager", helper_body="tripled(x) * k\n" + _LIBRARY_STYLE)
+    assert warm["captures"] == 0 and warm["loads"] == 2 and not warm["imported_capture"], warm
+
+
+@pytest.mark.parametrize("change", [("t) * 3", "t) * 4"), ("mode=Mode.FAST", "mode=Mode.SLOW"),
+                                    ('"KILN_TEST_SHIFT", "1"', '"KILN_TEST_SHIFT", "2"')])
+def test_a_changed_decorated_function_or_enum_default_captures_again(tmp_path, change):
+    """The program checks its results against eager itself: a stale entry would fail it."""
+    cold, _ = _run(tmp_path, backend="eager", helper_body="tripled(x) * k\n" + _LIBRARY_STYLE)
+    assert cold["stores"] == 2, cold
+    again, _ = _run(tmp_path, backend="eager", helper_body="tripled(x) * k\n" + _LIBRARY_STYLE.replace(*change))
+    assert again["captures"] == 2 and again["loads"] == 0, again
+
+
 def test_a_saved_cache_loads_into_an_empty_one(tmp_path, cold_cache, monkeypatch):
     """kiln.cache.save in one place, kiln.cache.load into a process with an empty cache: it runs no
     capture and no compile."""

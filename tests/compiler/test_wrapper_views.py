@@ -95,3 +95,15 @@ def test_linear_layers_call_aten_linear_without_views():
         y = torch.tanh(x)
         return F.linear(y, w * 2), y @ v  # a computed weight, and a plain product
     check(mixed, torch.randn(8, 16), torch.randn(4, 16), torch.randn(16, 4))
+
+
+def test_externs_with_one_meaning_call_torchs_python_binding():
+    """aten.convolution and aten.linear (one overload but out=) are called through torch.convolution and
+    torch._C._nn.linear; mm (it has a dtype overload too) keeps op._op."""
+    def f(x, w, lw, m):
+        y = torch.relu(F.conv2d(x, w, padding=1))
+        return F.linear(y.flatten(1), lw), y.flatten(1)[:, :8] @ m
+    args = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(5, 144), torch.randn(8, 8)
+    c = check(f, *args)
+    suffixes = [suffix for _, suffix in re.findall(r"= (aten_\d+)(\._op)?\(", c.kiln_wrapper)]
+    assert suffixes.count("") == 2 and suffixes.count("._op") == 1, c.kiln_wrapper
