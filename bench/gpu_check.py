@@ -108,6 +108,8 @@ def cases(names):
     for name in names:
         for dtype in (torch.float32, torch.bfloat16):
             yield f"{name}[{str(dtype)[6:]}]", lambda name=name, dtype=dtype: check_program(name, dtype)
+    # launches tuned (max_autotune's candidates, then coordinate descent), then replayed as CUDA graphs
+    yield "softmax_max_autotune", lambda: check_program("softmax", torch.float32, mode="max-autotune")
     yield "dynamic_sizes", check_dynamic
     yield "training_step", check_training
     yield "training_step_cudagraphs", lambda: check_training("reduce-overhead")

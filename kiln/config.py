@@ -139,8 +139,10 @@ COMPILER_OPTIONS = {
     "max_autotune": Option(False, "benchmark each Triton kernel's candidate block configs at its first call per "
                                   "size and keep the fastest (on disk, KILN_CACHE_DIR/autotune); no effect on "
                                   "C++ kernels: see INERT_OPTIONS"),
-    "coordinate_descent_tuning": Option(False, "tune kernel parameters by coordinate descent (accepted; no "
-                                               "effect on CPU: see INERT_OPTIONS)"),
+    "coordinate_descent_tuning": Option(False, "tune each Triton kernel launch's blocks and warps at its first call "
+                                               "per size by coordinate descent (one knob at a time, from the "
+                                               "heuristic's config or max_autotune's pick), kept on disk "
+                                               "(KILN_CACHE_DIR/autotune); no effect on C++ kernels: see INERT_OPTIONS"),
     "fallback_random": Option(False, "run random ops through aten so results equal eager under one seed"),
     "shape_padding": Option(False, "pad matmul shapes to faster sizes (accepted; no effect on CPU yet: see "
                                    "INERT_OPTIONS)"),
@@ -176,8 +178,8 @@ INERT_OPTIONS = {
     "max_autotune": "C++ kernels have one variant per fused group (it tunes Triton kernels' blocks) and "
                     "kiln calls aten's own CPU matmul and convolution choices (MKL/oneDNN pick their "
                     "kernels per shape at run time), so there is nothing yet to benchmark against",
-    "coordinate_descent_tuning": "it tunes GPU launch parameters (block sizes, warps); CPU kernels have "
-                                 "none: gcc vectorizes each loop at the machine's width",
+    "coordinate_descent_tuning": "it tunes launch parameters of Triton kernels (block sizes, warps); C++ "
+                                 "kernels have none: gcc vectorizes each loop at the machine's width",
     "shape_padding": "MKL's CPU matmul gains nothing measurable from padded sizes at the shapes kiln "
                      "sees, and the copies a padded operand needs cost more",
     "triton.cudagraphs": "CUDA graphs exist only on GPUs; the CPU graph runs as it would without it",

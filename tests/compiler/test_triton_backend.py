@@ -8,6 +8,7 @@ the oracle, and each test checks the graph really ran as Triton kernels (no whol
 """
 import contextlib
 import json
+import math
 
 import pytest
 import torch
@@ -224,6 +225,22 @@ def test_symbolic_sizes_are_kernel_arguments(interpreter):
             torch.testing.assert_close(compiled(x), fn(x))
 
 
+def test_floats_computed_from_sizes_are_doubles_in_kernels(interpreter):
+    # 1.0 / x.size(1) is a Python float (a double, as eager's) computed by the wrapper; a kernel takes
+    # it as float64 (Triton types a bare Python float as float32)
+    def fn(x):
+        return x * (1.0 / x.size(1)), x.mean(-1) + x.size(0) / 3
+    kiln.reset()
+    compiled = kiln.compile(fn, options=TRITON, dynamic=True)
+    for cols in (7, 11):
+        x = torch.randn(5, cols, dtype=torch.float64)
+        with no_whole_graph_fallback():
+            got = compiled(x)
+        expected = fn(x)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)  # one rounding, of the double
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_variance_and_norms_read_a_long_row_once(interpreter, dtype):
     # rows past one block: mean and variance in one loop over the row (Welford's update, lanes
@@ -411,3 +428,106 @@ def test_max_autotune_picks_the_fastest_config_and_keeps_it_on_disk(interpreter,
         f.write_text("{damaged")
     run()  # a damaged entry is benchmarked again, never trusted
     assert timer.timed
+
+
+# ---- coordinate_descent_tuning: one knob at a time from the heuristic's config ------------------
+
+def valley(xblock, num_warps, rblock=None):
+    """A made-up cost whose fastest config is (xblock, rblock, num_warps): distance in powers of 2."""
+    def cost(config):
+        far = abs(math.log2(config.xblock / xblock)) + abs(math.log2(config.num_warps / num_warps))
+        return far + (abs(math.log2(config.rblock / rblock)) if rblock else 0)
+    return cost
+
+
+def one_knob_apart(a, b):
+    changed = [(getattr(a, k), getattr(b, k)) for k in ("xblock", "rblock", "num_warps") if getattr(a, k) != getattr(b, k)]
+    return len(changed) == 1 and max(changed[0]) == 2 * min(changed[0])
+
+
+def test_coordinate_descent_moves_one_knob_at_a_time_to_the_fastest():
+    from kiln.compiler.codegen.triton_autotune import Config, coordinate_descent, legal
+    default, timed = Config(1024, 1, 8), []
+
+    def time_of(cost):
+        return lambda config: timed.append(config) or cost(config)
+    best = coordinate_descent(default, default, "pointwise", 1 << 20, time_of(valley(64, 2)))
+    assert best == Config(64, 1, 2)  # below every xblock of max_autotune's list: only the descent gets there
+    assert len(timed) == len(set(timed)) and timed[0] == default  # each config timed once
+    assert all(any(one_knob_apart(c, seen) for seen in timed[:i]) for i, c in enumerate(timed) if i)
+    assert all(legal(c, default, "pointwise", 1 << 20) for c in timed)
+    # a persistent row keeps its RBLOCK (the kernel reads the row in one block); a looped one moves it
+    persistent = Config(4, 256, 4)
+    assert coordinate_descent(persistent, persistent, "persistent", 64, valley(8, 4, rblock=64)) == Config(8, 256, 4)
+    looped = Config(2, 512, 4)
+    assert coordinate_descent(looped, looped, "looped", 2, valley(8, 4, rblock=64)) == Config(2, 64, 4)
+    # a move within noise is not taken
+    near = lambda config: 1.0 - 0.001 * (config != default)  # noqa: E731
+    assert coordinate_descent(default, default, "pointwise", 1 << 20, near) == default
+
+
+def test_coordinate_descent_tuning_tunes_triton_launches_and_keeps_them_on_disk(interpreter, monkeypatch, tmp_path):
+    from kiln.compiler.codegen import triton_autotune
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    cost, timed = valley(64, 2, rblock=128), []
+
+    def timer(launch, config):
+        if not timed:
+            launch()  # one real launch (the interpreter is too slow for all)
+        timed.append(config)
+        return cost(config)
+    monkeypatch.setattr(triton_autotune, "timer", timer)
+
+    def fn(x, y):
+        return (x * 2).cos() + 1, y.sum(-1)
+    x, y = torch.randn(4096), torch.randn(2, 1100)  # a pointwise launch and a looped reduction
+
+    def run(**tuning):
+        kiln.reset()
+        with no_whole_graph_fallback():
+            got = kiln.compile(fn, options=dict(TRITON, **tuning))(x, y)
+        torch.testing.assert_close(got, fn(x, y))
+        files = list((tmp_path / "autotune").iterdir())
+        return files, {triton_autotune.Config(**json.loads(f.read_text())["config"]) for f in files}
+    files, chosen = run(coordinate_descent_tuning=True)
+    assert chosen == {triton_autotune.Config(64, 1, 2),   # pointwise: 1024 elements a block and 8 warps before
+                      triton_autotune.Config(2, 128, 2)}  # looped rows: xblock stays 2 (two rows), RBLOCK 512 -> 128
+    assert len(timed) == len(set(timed)) < 30  # each config once; far fewer than every combination
+    timed.clear()
+    run(coordinate_descent_tuning=True)  # a new compile finds both choices on disk
+    assert timed == []
+    files, chosen_both = run(coordinate_descent_tuning=True, max_autotune=True)  # both: descent from the best candidate
+    assert len(files) == 4 and chosen_both == chosen  # kept apart from the descent's own choices
+    assert set(triton_autotune.candidates(triton_autotune.Config(1024, 1, 8), "pointwise", 4096)) <= set(timed)
+
+
+# ---- the kernels compile for a GPU (no GPU needed: Triton compiles to a cubin offline) -----------
+
+NOT_FOR_A_GPU = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(out, n):
+    tl.store(out + tl.arange(0, n), 1.0)  # a block size that is no constexpr: the interpreter runs it
+'''
+
+
+def test_kernels_compile_for_a_gpu_target(interpreter, monkeypatch, tmp_path):
+    from triton.runtime import interpreter as triton_interpreter
+    from tests.compiler import triton_gpu_compile
+    records = []
+    launch = triton_interpreter.GridExecutor.__call__
+    monkeypatch.setattr(triton_interpreter.GridExecutor, "__call__", triton_gpu_compile.recorder(launch, records))
+
+    def fn(x):  # a reduction, a float from sizes (a float64 argument), libdevice's tanh
+        return x.softmax(-1), x * (1.0 / x.size(0)), x.tanh()
+    run_triton(fn, torch.randn(3, 40, dtype=torch.float64), dynamic=True)
+    assert records  # (one fused kernel)
+    broken = tmp_path / "not_for_a_gpu.py"
+    broken.write_text(NOT_FOR_A_GPU)
+    records.append({"path": str(broken), "name": "kernel", "args": [["tensor", "float32", True], ["int", 8]],
+                    "constexprs": {}, "num_warps": 4})
+    status, output = triton_gpu_compile.compile_in_a_fresh_process(records)
+    assert f"{len(records)} launches, {len(records) - 1} compiled, 1 failed" in output, output
+    assert "not_for_a_gpu.py::kernel" in output and status == 1

@@ -52,17 +52,23 @@ class TritonBackend(KernelBackend):
         source = MODULE_HEADER + PRELUDE + "\n\n" + "\n\n".join(k.source for k in written)
         module = load_module(source)
 
-        tuner = autotuner(source, written) if options.get("max_autotune") else None
+        searches = [name for name, option in TUNING_SEARCHES if options.get(option)]
+        tuner = autotuner(source, written, searches) if searches else None
 
         def emit_call(src, entry, float_names):
             launch(src, module, entry, tuner)
         return CompiledKernels(self.name, written, source, emit_call, module.__file__)
 
 
-def autotuner(source, written):
+# (search, the option that turns it on), in the order they run (codegen/triton_autotune)
+TUNING_SEARCHES = (("max_autotune", "max_autotune"), ("coordinate_descent", "coordinate_descent_tuning"))
+
+
+def autotuner(source, written, searches):
     """(module, TritonKernel, Launch) -> the AutotunedLaunch the wrapper calls in its place
-    (max_autotune). A choice is keyed by the kernel's own text (its functions' names left out: they
-    count kernels in a graph), the helpers, the device and Triton's version."""
+    (the `searches` of max_autotune, coordinate_descent_tuning). A choice is keyed by the kernel's
+    own text (its functions' names left out: they count kernels in a graph), the helpers, the
+    device and Triton's version."""
     import triton
     from kiln.compiler.build import cache_dir
     from kiln.compiler.codegen import triton_autotune
@@ -75,7 +81,7 @@ def autotuner(source, written):
         text = re.sub(r"^def \w+\(", "def kernel(", kernel.source, flags=re.M)
         identity = f"{_digest(text)}|{common}|launch {kernel.launches.index(step)}"
         return triton_autotune.AutotunedLaunch(getattr(module, step.name), step.name, default, step.kind, identity,
-                                               cache, triton_autotune.timer)
+                                               cache, triton_autotune.timer, searches)
     return tuned
 
 

@@ -183,13 +183,17 @@ class TritonKernelWriter:
         args = self.arguments()
         text = "\n".join(line for body in bodies.values() for line in body)
         used = [sym for sym in self.symbols if sym.name in _names(text)]
-        if any(not sym.is_integer for sym in used):
-            raise BackendUnsupported("a float computed from sizes (Triton would take it as float32)")
         sizes = [sym.name for sym in used]
+        # a float computed from sizes (1.0 / x.size(1)) is a double in the wrapper, as in eager: the
+        # annotation makes the compiled kernel take it so (a bare Python float is float32 to Triton),
+        # and under the interpreter, which passes the Python float itself, tl.full types it
+        floats = [f"    {sym.name} = tl.full([], {sym.name}, tl.float64)" for sym in used if not sym.is_integer]
+        bodies = {name: floats + body for name, body in bodies.items()}
         # under the interpreter the loop bound is a constant: it holds a scalar argument as a 1-element
         # array, which NumPy >= 2.4 refuses to turn into the int `range` needs (compiled: an argument)
         rnumel = "rnumel: tl.constexpr" if interpreting() else "rnumel"
-        params = (["kiln_err"] * bool(self.checks.sites) + args + sizes
+        params = (["kiln_err"] * bool(self.checks.sites) + args
+                  + [sym.name if sym.is_integer else f"{sym.name}: tl.float64" for sym in used]
                   + ["xnumel", rnumel, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
         source = "\n\n".join("\n".join(["@triton.jit", f"def {name}({', '.join(params)}):"] + body) + "\n"
                              for name, body in bodies.items())
