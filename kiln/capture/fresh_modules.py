@@ -65,7 +65,7 @@ def _module_init(frame, args, kwargs):
     """nn.Module.__init__(self) on a module made in the frame: its defaults are what a read finds
     when nothing was set (`training` is True); the real call happens when the module is built."""
     if not args or not isinstance(args[0], FreshModuleVariable):
-        raise Unsupported("nn.Module.__init__ on a module from outside the frame")
+        raise Unsupported("nn.Module.__init__ on a module from outside the frame", kind="module_state")
     if len(args) > 1 or kwargs:
         e = TypeError("Module.__init__() takes no arguments")
         raise Unsupported(f"TypeError: {e}", python_exception=e)
@@ -75,7 +75,7 @@ def _module_init(frame, args, kwargs):
 class FreshModuleModel(TypeModel):
     def attribute(self, frame, var, name):
         if name in _INTERNALS:
-            raise Unsupported(f"reading {name} of a module made in the frame (its internal state)")
+            raise Unsupported(f"reading {name} of a module made in the frame (its internal state)", kind="module_state")
         if name not in var.attrs and name == "training" and \
                 not isinstance(inspect.getattr_static(var.cls, name, None), property):
             return const(True)

@@ -121,7 +121,7 @@ def const_value(v, why="a non-constant value"):
         return v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
     if isinstance(v, DictVariable):
         if any(isinstance(k, VariableKey) for k in v.items):
-            raise Unsupported(f"{why}: a dict with tensor or object keys")
+            raise Unsupported(f"{why}: a dict with tensor or object keys", kind="unsupported_object")
         return {k: const_value(i, why) for k, i in v.items.items()}
     if isinstance(v, SetVariable):
         return {const_value(i, why) for i in v.items}
