@@ -86,7 +86,7 @@ class FreshModuleModel(TypeModel):
 
     def set_attribute(self, frame, var, name, value):
         if name in _INTERNALS:
-            raise Unsupported(f"setting {name} of a module made in the frame (its internal state)")
+            raise Unsupported(f"setting {name} of a module made in the frame (its internal state)", kind="module_state")
         if isinstance(value, TensorVariable) and issubclass(value.python_type(), torch.nn.Parameter):
             raise Unsupported("assigning a parameter during capture")
         objects.store_fresh_attr(frame, var, name, value)
