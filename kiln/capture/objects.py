@@ -1415,7 +1415,8 @@ def setattr_var(frame, obj, name, value):
     if isinstance(obj, FreshObjectVariable):
         hook = inspect.getattr_static(obj.cls, "__setattr__", None)
         if isinstance(hook, types.FunctionType):  # the class's own __setattr__ (it may call super's)
-            call(frame, MethodVariable(hook, obj), [const(name), value], {})
+            owner = next(k for k in obj.cls.__mro__ if "__setattr__" in vars(k))  # (where another process finds it)
+            call_python_function(frame, hook, [obj, const(name), value], {}, AttrSource(ConstSource(owner), "__setattr__"))
         else:
             store_fresh_attr(frame, obj, name, value)
         return

@@ -231,10 +231,21 @@ def checked(fn):
             return fn(t) + 1
         return fn(t)
     return wrapper
+def strict(cls, check=True):
+    def __strict_setattr__(self, name, value):  # made per class, as huggingface_hub's strict dataclasses
+        if check and not isinstance(value, float):
+            raise TypeError(name)
+        object.__setattr__(self, name, value)
+    cls.__setattr__ = __strict_setattr__
+    return cls
+@strict
+class Settings:
+    def __init__(self, k):
+        self.k = k
 @checked
 def tripled(t):
     import os
-    return ACT(t) * 3 + float(os.environ.get("KILN_TEST_SHIFT", "1"))
+    return ACT(t) * Settings(3.0).k + float(os.environ.get("KILN_TEST_SHIFT", "1"))
 class Act(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -249,15 +260,16 @@ WRAPPER_CODE = tripled.__code__
 def test_decorated_functions_enum_members_and_code_objects_are_stored(tmp_path):
     """What library code is made of (transformers' models): the original function inside a decorator's
     closure, which no module holds by name, an enum member, a code object compared, a C function a
-    module instance holds, os.environ: another process checks them by code fingerprint, by class and
-    name, by fingerprint, by name, and loads the entry."""
+    module instance holds, os.environ, a class's own __setattr__ made by a decorator: another process
+    checks them by code fingerprint, by class and name, by fingerprint, by name, where the class holds
+    it, and loads the entry."""
     cold, _ = _run(tmp_path, backend="eager", helper_body="tripled(x) * k\n" + _LIBRARY_STYLE)
     assert cold["captures"] == 2 and cold["stores"] == 2, cold
     warm, _ = _run(tmp_path, backend="eager", helper_body="tripled(x) * k\n" + _LIBRARY_STYLE)
     assert warm["captures"] == 0 and warm["loads"] == 2 and not warm["imported_capture"], warm
 
 
-@pytest.mark.parametrize("change", [("t) * 3", "t) * 4"), ("mode=Mode.FAST", "mode=Mode.SLOW"),
+@pytest.mark.parametrize("change", [("Settings(3.0)", "Settings(4.0)"), ("mode=Mode.FAST", "mode=Mode.SLOW"),
                                     ('"KILN_TEST_SHIFT", "1"', '"KILN_TEST_SHIFT", "2"')])
 def test_a_changed_decorated_function_or_enum_default_captures_again(tmp_path, change):
     """The program checks its results against eager itself: a stale entry would fail it."""
