@@ -96,12 +96,16 @@ def _own_fingerprint(k):
     found = _CLASS_PRINTS.get(k)
     if found is not None and tag is not None and found[0] == tag:
         return found[1]
-    fingerprint = _sha([k.__module__, k.__qualname__, sorted([name, _attribute_key(v)] for name, v in vars(k).items())])
+    fingerprint = _sha([k.__module__, k.__qualname__, sorted([name, _attribute_key(v)] for name, v in vars(k).items()
+                                                             if name not in _DERIVED_CLASS_ATTRIBUTES)])
     if tag is not None:
         _CLASS_PRINTS[k] = (tag, fingerprint)
     return fingerprint
 
 
+# caches Python sets on a class when it first needs them (copyreg's, when an instance is first copied or
+# pickled): whether they are there yet says nothing about what the class does
+_DERIVED_CLASS_ATTRIBUTES = frozenset({"__slotnames__"})
 _CLASS_PRINTS = weakref.WeakKeyDictionary()  # class -> (its version tag, fingerprint of its own attributes)
 
 

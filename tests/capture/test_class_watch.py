@@ -77,3 +77,20 @@ def test_a_class_fingerprint_follows_every_class_in_its_mro():
     changed = portable.class_fingerprint(A)
     A.extra = 1
     assert portable.class_fingerprint(A) != changed
+
+
+def test_a_class_fingerprint_ignores_the_caches_python_keeps_on_it():
+    """copy.copy of an instance makes copyreg cache `__slotnames__` on its class (fake tensors do it to
+    torch.Tensor during capture): the class does the same, so a stored entry that names it still loads
+    in a process that never copied one."""
+    import copy
+
+    class Slotted:
+        __slots__ = ("a",)
+
+    before = portable.class_fingerprint(Slotted)
+    obj = Slotted()
+    obj.a = 1
+    copy.copy(obj)
+    assert "__slotnames__" in vars(Slotted)
+    assert portable.class_fingerprint(Slotted) == before
