@@ -290,3 +290,43 @@ def test_a_saved_cache_loads_into_an_empty_one(tmp_path, cold_cache, monkeypatch
     warm, _ = _run(tmp_path, prelude=f"print('loaded', kiln.cache.load({str(pack)!r}))")
     assert warm["captures"] == 0 and warm["loads"] == 2, warm
     assert warm["graph_hits"] == 2 and warm["graph_misses"] == 0, warm
+
+
+_ZOO_PROGRAM = '''
+import json, sys
+import torch, kiln
+from kiln.capture import capture_cache
+from bench.zoo import BY_NAME, first_tensor
+for name in {names!r}:
+    arch = BY_NAME[name]
+    model = arch.build()
+    compiled = kiln.compile(model, backend="eager")
+    with torch.no_grad():
+        kwargs = arch.inputs(arch.lengths[0])
+        torch.testing.assert_close(first_tensor(compiled(**kwargs)), first_tensor(model(**kwargs)))
+print("{mark}" + json.dumps({{"captures": capture_cache.stats.captures, "loads": capture_cache.stats.loads,
+                              "stores": capture_cache.stats.stores, "stale": capture_cache.stats.stale}}))
+'''
+
+
+def test_hugging_face_models_load_in_a_fresh_process(tmp_path):
+    """Real library code (transformers' decorators, enums, config classes with their own __setattr__,
+    module-held C functions, os.environ reads) stores entries another process loads: the warm process
+    captures nothing. Each model's code is its own frame key, so each stores one entry."""
+    pytest.importorskip("transformers")
+    names = ["gpt2", "bert", "llama", "t5", "deberta_v2"]
+    script = tmp_path / "zoo_program.py"
+    script.write_text(_ZOO_PROGRAM.format(names=names, mark=_MARK))
+    env = {k: v for k, v in os.environ.items() if k != "KILN_CAPTURE_CACHE"}
+    env.update({"PYTHONPATH": str(REPO), "KILN_CACHE_DIR": str(tmp_path / "cache")})
+
+    def run():
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return json.loads(next(ln for ln in done.stdout.splitlines() if ln.startswith(_MARK))[len(_MARK):])
+
+    cold = run()
+    assert cold["stores"] >= len(names), cold
+    warm = run()
+    assert warm["captures"] == 0 and warm["loads"] == cold["stores"], warm
