@@ -206,6 +206,7 @@ class GraphLowering(LoweringContext):
             self.env[node] = self.realize(value)
 
     # ---- externs -------------------------------------------------------------------------
+    # (_READS_STRIDES, at the end of the module: aten ops whose result depends on their argument's strides)
     def extern(self, node, args, kwargs, reason):
         """Call aten for `node`; tensor arguments are realized, results become ExternBuffers."""
         log("perf_hints", "%s runs through aten (%s)", node.target, reason)
@@ -218,8 +219,14 @@ class GraphLowering(LoweringContext):
                 # the buffer computes the argument's lazy value (on its own device, a.device): its
                 # origins are that value's node's
                 saved = self.origin_node
-                self.origin_node = next((n for n in node.all_input_nodes if self.env.get(n) is a), node)
+                self.origin_node = source = next((n for n in node.all_input_nodes if self.env.get(n) is a), node)
                 view = self.realize(a).view
+                if node.target in _READS_STRIDES and source is not node and \
+                        isinstance(traced := source.meta.get("val"), torch.Tensor) and \
+                        view.layout.strides != sym_layout(traced).strides:
+                    # a value kiln kept as another tensor's view (a clone is the value itself): an op
+                    # whose result depends on its argument's strides gets the strides eager gave it
+                    view = self.realize(a, sym_layout(traced)).view
                 self.origin_node = saved
                 own = self.buffer_by_name[view.name].layout
                 return ir.BufferArg(view.name, None if view.layout == own else view.layout)
@@ -301,3 +308,10 @@ def _is_input_alias(node):
             return False
         node = node.args[0]
     return False
+
+
+# aten ops whose result depends on their tensor argument's strides, not only its values: an extern
+# call of one gets each argument with the strides the trace gave it
+aten = torch.ops.aten
+_READS_STRIDES = frozenset({aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
+                            aten.as_strided.default, aten.view.dtype})

@@ -107,3 +107,17 @@ def test_externs_with_one_meaning_call_torchs_python_binding():
     c = check(f, *args)
     suffixes = [suffix for _, suffix in re.findall(r"= (aten_\d+)(\._op)?\(", c.kiln_wrapper)]
     assert suffixes.count("") == 2 and suffixes.count("._op") == 1, c.kiln_wrapper
+
+
+def test_a_view_through_aten_gets_the_strides_eager_gave_its_argument():
+    """Under dynamic sizes a reshape of a strided slice runs through aten as clone + view; kiln's clone
+    is the value itself (a view of the input), so the aten view got the slice's strides and raised.
+    An extern whose result depends on its argument's strides now gets the traced ones (found by the
+    random-program tester, dynamic seed 4600921)."""
+    def f(a):
+        t = a.chunk(2, 1)[0].reshape(2, 3, 4, 192)
+        return torch.amin(t, (-2, 1)).int(), t.sum()
+    compiled = kiln.compile(f, dynamic=True)
+    a = torch.randn(9, 1024, dtype=torch.float64)
+    for got, want in zip(compiled(a), f(a)):
+        torch.testing.assert_close(got, want)
