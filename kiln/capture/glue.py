@@ -248,11 +248,11 @@ class Glue:
                 self._deferred.append(lambda: f"{name}.cell_contents = {self.value(var.contents)}")
             return f"{self.const(_make_cell, 'MAKECELL')}()"
         if isinstance(var, FreshObjectVariable):
-            plain = var.new_instance is object.__new__
-            setter = "object.__setattr__" if plain else self.const(var.set_attribute, "SETATTR")
+            setter = "object.__setattr__" if var.set_attribute is object.__setattr__ else \
+                self.const(var.set_attribute, "SETATTR")
             self._deferred.append(lambda: "; ".join(f"{setter}({name}, {k!r}, {self.value(v)})"
                                                     for k, v in var.attrs.items()) or "pass")
-            new = "object.__new__" if plain else self.const(var.new_instance, "NEW")
+            new = "object.__new__" if var.new_instance is object.__new__ else self.const(var.new_instance, "NEW")
             return f"{new}({self.const(var.cls, 'CLS')})"
         if isinstance(var, FunctionVariable):
             defaults = self.value(var.defaults) if var.defaults is not None else "None"

@@ -29,6 +29,11 @@ LOWERING_MODULES = (lowerings, lowerings_pooling, lowerings_pooling_backward, lo
 REALIZE_SHARED_COST = 4
 # any lazy value this big is realized, to keep kernels (and Python tracing) small
 REALIZE_MAX_OPS = 80
+# aten ops whose result depends on their tensor argument's strides, not only its values: an extern
+# call of one gets each argument with the strides the trace gave it
+_READS_STRIDES = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
+                            torch.ops.aten._reshape_alias.default, torch.ops.aten.as_strided.default,
+                            torch.ops.aten.view.dtype})
 
 
 def symbol_sources(placeholders):
@@ -206,7 +211,6 @@ class GraphLowering(LoweringContext):
             self.env[node] = self.realize(value)
 
     # ---- externs -------------------------------------------------------------------------
-    # (_READS_STRIDES, at the end of the module: aten ops whose result depends on their argument's strides)
     def extern(self, node, args, kwargs, reason):
         """Call aten for `node`; tensor arguments are realized, results become ExternBuffers."""
         log("perf_hints", "%s runs through aten (%s)", node.target, reason)
@@ -309,9 +313,3 @@ def _is_input_alias(node):
         node = node.args[0]
     return False
 
-
-# aten ops whose result depends on their tensor argument's strides, not only its values: an extern
-# call of one gets each argument with the strides the trace gave it
-aten = torch.ops.aten
-_READS_STRIDES = frozenset({aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
-                            aten.as_strided.default, aten.view.dtype})
