@@ -57,8 +57,18 @@ def both(a, b):
 
 
 def fixed_dim(extent, kernel, stride, pad, dilation):
-    return WindowDim(extent, sympy.Integer(kernel), sympy.Integer(dilation),
+    return WindowDim(extent, sympy.Integer(reachable_offsets(extent, kernel, pad, dilation)), sympy.Integer(dilation),
                      lambda o: index_expr(o * stride - pad), padded=pad > 0)
+
+
+def reachable_offsets(extent, kernel, pad, dilation):
+    """The offsets of a window that can land in the input. A window starts at -pad or later, so
+    offset j reads position >= extent (always masked) once j*dilation > extent - 1 + pad: a window
+    larger than the input (HF EfficientNet pools with kernel 2560 over 1x1) loops over the input,
+    not over kernel**2 masked offsets."""
+    if not extent.is_number:
+        return kernel
+    return min(kernel, (int(extent) - 1 + pad) // dilation + 1)
 
 
 def adaptive_dim(extent, out):

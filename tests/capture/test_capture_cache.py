@@ -330,3 +330,12 @@ def test_hugging_face_models_load_in_a_fresh_process(tmp_path):
     assert cold["stores"] >= len(names), cold
     warm = run()
     assert warm["captures"] == 0 and warm["loads"] == cold["stores"], warm
+
+
+def test_stored_guards_keep_exactly_the_constants_their_text_names():
+    """Which guard constants an entry stores is read off the guard text (one pass over its words:
+    models have thousands); a name that prefixes another (C1, C10) is not taken for it."""
+    from kiln.capture.capture_cache import _used
+    consts = {"C1": 1, "C10": 10, "T2": int, "W3": 3}
+    used = dict(_used(consts, "type(v) is T2 and v == C10 or x.C1ab"))
+    assert used == {"T2": int, "C10": 10}
