@@ -272,9 +272,7 @@ def truth(frame, v):
     if isinstance(v, DictViewVariable):
         return bool(v.dict.items)
     if isinstance(v, FreshObjectVariable):
-        if _python_dunder(v.cls, "__bool__") or _python_dunder(v.cls, "__len__"):
-            raise Unsupported("truth of an object with a Python __bool__/__len__")
-        return True
+        return _python_truth(frame, v, v.cls, True)
     if (model := model_of(v)) is not None:
         return model.truth(frame, v)
     if isinstance(v, ObjectVariable):
@@ -285,12 +283,20 @@ def truth(frame, v):
             return True
         t = type(value)
         if _python_dunder(t, "__bool__") or _python_dunder(t, "__len__"):
-            return truth(frame, call(frame, special_method(frame, v, "__bool__" if _python_dunder(t, "__bool__")
-                                                           else "__len__"), [], {}))
+            return _python_truth(frame, v, t, True)
         if v.opaque and (hasattr(t, "__bool__") or hasattr(t, "__len__")):
             raise Unsupported(f"truth of a {t.__qualname__} known only by its type")
         return bool(value)
     raise Unsupported(f"truth value of {describe(v)}")
+
+
+def _python_truth(frame, v, cls, default):
+    """bool(v) as CPython decides it for an instance of `cls`: its Python __bool__, else its Python
+    __len__ (!= 0), followed like any method; `default` when the class defines neither in Python."""
+    for name in ("__bool__", "__len__"):
+        if _python_dunder(cls, name):
+            return truth(frame, call(frame, special_method(frame, v, name), [], {}))
+    return default
 
 
 def python_dunder(cls, name):

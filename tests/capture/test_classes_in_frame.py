@@ -251,3 +251,42 @@ def test_classmethods_of_builtin_types_do_not_recompile():
     for _ in range(3):
         assert_same(classmethods_of_builtin_types, compiled, t(2), t(2))
     assert counter.frame_count == 1
+
+
+class Layers:
+    """A cache-like object whose truth is its Python __len__ (Hugging Face's caches)."""
+
+    def __init__(self):
+        self.items = []
+
+    def __len__(self):
+        return len(self.items)
+
+
+class Flag:
+    def __init__(self, on):
+        self.on = on
+
+    def __bool__(self):
+        return self.on > 0
+
+    def __len__(self):  # __bool__ wins, as in CPython
+        return 0
+
+
+def truth_of_objects_made_in_frame(x, on):
+    layers, flag = Layers(), Flag(on)
+    x = x.sin()
+    if layers:  # empty: False
+        x = x + 1
+    layers.items.append(x)
+    if layers and flag:
+        x = x * 2
+    if not Flag(-on):
+        x = x - 3
+    return x, len(layers)
+
+
+@pytest.mark.parametrize("on", [1, -1])
+def test_truth_of_an_object_made_in_the_frame_runs_its_python_bool_or_len(on):
+    check_graphs(truth_of_objects_made_in_frame, t(3), on, graphs=1, fullgraph=True)
