@@ -98,7 +98,8 @@ class Capture:
                 if self.requested is None:  # no instruction to break at (capture's own limits): run it natively
                     raise EagerFrame(f"{e.msg}; {self.code.co_qualname} runs eagerly") from e
                 inst, _ = self.requested
-                if inst.opname in ("RAISE_VARARGS", "RERAISE") and e.python_exception is not None:
+                if e.python_exception is not None and (inst.opname in ("RAISE_VARARGS", "RERAISE")
+                                                       or _escapes_frame(self.code, inst)):
                     raise EagerCall(f"{e.msg} at {e.where}: this call runs eagerly") from e
                 why_not = _why_not_breakable(self.code, inst, self.requested_exits)
                 if why_not and isinstance(e, GradModeBreak):  # with grad on at entry, it captures
@@ -145,6 +146,16 @@ def _detached(error):
         if e is not None:
             e.__traceback__ = e.__cause__ = e.__context__ = None
     return error
+
+
+def _escapes_frame(code, inst):
+    """Whether an exception that a call's callee raised during capture leaves the frame: no try or
+    with block holds the call. Such a call runs eagerly, as torch.compile
+    runs a frame whose trace raised: the trace may differ from the real run exactly where the code
+    asks whether it is being compiled (Hugging Face's LongT5 leaves its attention mask None under
+    compilation, and the call that reads it raises only in the trace), so a graph break that keeps
+    the traced prefix and re-runs the raising call natively would raise where eager does not."""
+    return inst.opname in _CALLS and not any(entry.start <= inst.offset < entry.end for entry in facts.exception_table(code))
 
 
 def _why_not_breakable(code, inst, open_exits=(), eager_rest=False):

@@ -25,6 +25,7 @@ from kiln.capture import autograd_hooks, capture_cache, dynamic as dynamic_mod, 
 from kiln.capture.call_sites import original_code
 from kiln.capture.callees import CALLEE_OVERRIDES, overridden_callee
 from kiln.capture.disable import compilation_disabled, is_disabled_function
+from kiln.capture.frame_filter import worth_compiling
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.uninterrupted_imports import imports_not_interrupted
 from kiln.capture.sources import CodeContext
@@ -336,7 +337,10 @@ class Caller:
         return self.call_function(target, *pre, *args, **kwargs)
 
     def call_function(self, fn, /, *args, **kwargs):
-        """Run the user Python function `fn` as a frame of its own: its cache entry, compiled on a miss."""
+        """Run the user Python function `fn` as a frame of its own: its cache entry, compiled on a miss
+        (natively when it computes nothing a graph could hold: frame_filter)."""
+        if not worth_compiling(fn, args, kwargs):
+            return fn(*args, **kwargs)
         cache = _cache_for(fn.__code__, self._key, self.backend)
         L = _binder_for(fn)(*args, **kwargs)
         for e in cache.entries:

@@ -610,3 +610,53 @@ def test_hf_llama_layers_compile():
         expected = model(ids).logits
         torch.testing.assert_close(compiled(ids).logits, expected)
     assert {"silu", "rsqrt"} <= compiled_ops(counter)
+
+
+# ---- what a frame that runs eagerly sees ------------------------------------------------------------
+def _library_helper(name, source):
+    """A function of a module that imports torch only inside its functions (as Hugging Face's
+    `is_torchdynamo_compiling` does): its globals name no torch."""
+    namespace = {}
+    exec(compile(source, f"<library {name}>", "exec"), namespace)
+    return namespace[name]
+
+
+is_being_compiled = _library_helper("is_being_compiled", """
+def is_being_compiled():
+    try:
+        import torch
+        return torch.compiler.is_compiling()
+    except Exception:
+        return False
+""")
+
+
+def blocks_of(mask):
+    return mask.reshape(mask.shape[0], -1, 2)
+
+
+def stack_forward(x, mask=None):
+    """Leaves the mask None under compilation (a compiled model makes its own): this frame raises
+    in the trace only, so it runs eagerly, where the helper must answer False as in eager."""
+    if mask is None and not is_being_compiled():
+        mask = torch.ones(x.shape)
+    return x * blocks_of(mask).reshape(x.shape)
+
+
+def model_forward(x):
+    return stack_forward(x.sin()) * 2
+
+
+def test_a_helper_without_tensors_runs_natively_when_an_eager_frame_calls_it():
+    run_both(model_forward, torch.randn(2, 4))
+
+
+def test_a_frame_whose_trace_raises_runs_eagerly_instead_of_raising():
+    def model(x):
+        if x.shape[0] > 0 and not torch.compiler.is_compiling():
+            mask = torch.ones(x.shape)
+        else:
+            mask = None
+        return work(x) * blocks_of(mask).reshape(x.shape)
+    counter = run_both(model, torch.randn(2, 4))
+    assert "tanh" in compiled_ops(counter)  # the callee still compiles

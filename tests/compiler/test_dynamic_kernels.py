@@ -239,3 +239,15 @@ def test_a_source_whose_rank_changes_keeps_compiling():
         x = randn(*shape)
         torch.testing.assert_close(compiled(x), fn(x))
     assert counter.frame_count == 4  # static, dim 2 dynamic, 2-d static, 2-d dim 1 dynamic
+
+
+def pad_to_multiple_of_7(x):
+    """The remainder of a negative size: (-n) % 7 is 7 - n % 7 in Python, -(n % 7) in C."""
+    pad = (-x.shape[1]) % 7
+    y = F.pad(x, (0, pad))
+    return y.reshape(x.shape[0], -1, 7).sum(-1) + 1
+
+
+def test_remainders_and_floor_divisions_of_negative_sizes_floor_as_in_python():
+    graph = check_sizes(pad_to_multiple_of_7, lambda n: (randn(2, n),), (8, 13, 9, 16))
+    assert "kiln_remainder<int64_t>" in graph.kiln_source  # the helper, not C's %

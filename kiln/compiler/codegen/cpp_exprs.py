@@ -42,14 +42,13 @@ def literal(value, dtype):
 
 
 def cindex(e):
-    """A sympy integer expression as C++ (int64 arithmetic). Sizes and indices are never negative,
-    so the floor divisions and remainders of ShapeEnv expressions (FloorDiv, PythonMod, ...) are
-    C's / and %."""
+    """A sympy integer expression as C++ (int64 arithmetic; floor divisions as index_print says)."""
     return print_index(e, CPP_INDEX)
 
 
 CPP_INDEX = IndexSpelling(divide="/", minimum="kiln_imin", maximum="kiln_imax", power="kiln_ipow<int64_t>({0}, {1})",
-                          big_suffix="LL", unsupported=NotImplementedError)
+                          big_suffix="LL", unsupported=NotImplementedError,
+                          floordiv="kiln_floordiv<int64_t>({0}, {1})", mod="kiln_remainder<int64_t>({0}, {1})")
 
 
 UNARY_CALLS = {name: f"std::{name}" for name in ("sqrt", "floor", "ceil", "trunc", "lgamma")}

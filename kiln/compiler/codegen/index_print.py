@@ -1,6 +1,11 @@
-"""Sympy index expressions (sizes, strides, loop variables: never negative) as kernel source, in
-the spelling of each kernel language (C++: cpp_exprs.cindex; Triton: triton_exprs.tindex), and what
-the expression printers of both share (`LoopExprPrinter`)."""
+"""Sympy index expressions (sizes, strides, loop variables) as kernel source, in the spelling of
+each kernel language (C++: cpp_exprs.cindex; Triton: triton_exprs.tindex), and what the expression
+printers of both share (`LoopExprPrinter`).
+
+Floor division and remainder are the language's own operators (C's truncating `/` and `%`) only
+where sympy proves the dividend non-negative and the divisor positive, which loop variables and
+sizes make the common case; elsewhere (a pad to a multiple, `(-n) % 127`) they call the kernel's
+floor-semantics helpers, as Python and the ShapeEnv mean them."""
 import dataclasses
 
 import sympy
@@ -14,6 +19,8 @@ class IndexSpelling:
     power: str | None       # PowByNatural as a call format ({0}, {1}); None: not spelled
     big_suffix: str         # after an integer literal of 2**31 or more
     unsupported: type       # the exception an expression it cannot spell raises
+    floordiv: str           # Python's // and % as call formats ({0}, {1}), for operands of any sign
+    mod: str
 
 
 def print_index(e, spelling):
@@ -31,12 +38,15 @@ def print_index(e, spelling):
             return "(" + " * ".join([go(e.base)] * int(e.exp)) + ")"
         kind = type(e).__name__
         args = [go(a) for a in e.args]
+        native = _never_negative(e.args)
         if kind in ("Mod", "PythonMod"):
-            return f"({args[0]} % {args[1]})"
+            return f"({args[0]} % {args[1]})" if native else spelling.mod.format(*args)
         if kind in ("FloorDiv", "CleanDiv"):
-            return f"({args[0]} {spelling.divide} {args[1]})"
+            return f"({args[0]} {spelling.divide} {args[1]})" if native else spelling.floordiv.format(*args)
         if kind == "ModularIndexing":  # (a / b) % c
-            return f"(({args[0]} {spelling.divide} {args[1]}) % {args[2]})"
+            if native:
+                return f"(({args[0]} {spelling.divide} {args[1]}) % {args[2]})"
+            return spelling.mod.format(spelling.floordiv.format(args[0], args[1]), args[2])
         if kind == "PowByNatural" and spelling.power is not None:
             return spelling.power.format(*args)
         if kind in ("Min", "Max"):
@@ -47,6 +57,11 @@ def print_index(e, spelling):
             return out
         raise spelling.unsupported(f"index expression {e}")
     return go(e)
+
+
+def _never_negative(args):
+    """The dividend is provably >= 0 and every divisor > 0: C's truncating / and % then floor."""
+    return bool(args[0].is_nonnegative) and all(bool(a.is_positive) for a in args[1:])
 
 
 class LoopExprPrinter:

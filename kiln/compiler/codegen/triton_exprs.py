@@ -42,12 +42,13 @@ def literal(value, dtype):
 
 
 def tindex(e):
-    """A sympy index expression (never negative) as Triton integer arithmetic."""
+    """A sympy index expression as Triton integer arithmetic (floor divisions as index_print says)."""
     return print_index(e, TRITON_INDEX)
 
 
 TRITON_INDEX = IndexSpelling(divide="//", minimum="tl.minimum", maximum="tl.maximum", power=None, big_suffix="",
-                             unsupported=BackendUnsupported)
+                             unsupported=BackendUnsupported, floordiv="kiln_floordiv({0}, {1})",
+                             mod="kiln_remainder({0}, {1})")
 
 
 CORE_UNARY = {"exp": "tl.exp", "log": "tl.log", "sin": "tl.sin", "cos": "tl.cos", "sqrt": "tl.sqrt_rn",
