@@ -91,6 +91,7 @@ class ShapeSource(torch._guards.Source):
 
 class OutputGraph:
     def __init__(self, code_name, dynamism=None):
+        self.set_order_reads = SetVariable.order_reads  # (capture_cache: was a set's order read since?)
         """`dynamism` (dynamic.InputDynamism) says which input sizes and numbers are symbolic."""
         self.graph = self.root_graph = torch.fx.Graph()  # `graph` is where ops go; see `subgraph`
         # The ShapeEnv comes into being only when a size turns symbolic (see `shape_env`): creating

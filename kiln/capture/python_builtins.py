@@ -28,19 +28,27 @@ from kiln.exc import Unsupported
 _SET_MUTATORS = {"pop", "difference_update", "intersection_update", "symmetric_difference_update"}
 
 
+def _frozen(s):
+    return issubclass(s.cls, frozenset)
+
+
 def _set_method(frame, s, name, args, kwargs):
     """A set method: add/update/discard/remove/clear item by item; any other runs natively on the real
-    key sets (set_key), so its result and iteration order are CPython's own."""
+    key sets (set_key), so its result and iteration order are CPython's own. `s` may be an instance of
+    a set/frozenset subclass: these are the base's own methods (an override ran before this)."""
     og = frame.og
     if name == "__init__":  # set.__init__ refills the set; a frozenset's is object's (no change)
-        if s.cls is set:
+        if not _frozen(s):
+            if kwargs:
+                e = TypeError("set() takes no keyword arguments")
+                raise Unsupported(f"TypeError: {e}", python_exception=e)
             s.clear()
             for a in args:
                 set_update(frame, s, a)
             og.side_effects.mark_mutated(s)
         return const(None)
     if name in ("add", "update", "discard", "remove", "clear"):
-        if s.cls is frozenset:
+        if _frozen(s):
             raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}",
                               python_exception=AttributeError(name))
         if name == "add":
@@ -57,24 +65,24 @@ def _set_method(frame, s, name, args, kwargs):
             s.discard(key)
         og.side_effects.mark_mutated(s)
         return const(None)
-    method = getattr(set, name, None)
-    if method is None or kwargs or name in ("__iter__", "__reversed__", "__init__", "__new__"):
+    method = getattr(frozenset if _frozen(s) else set, name, None)
+    if method is None or getattr(set, name, None) is None or kwargs or name in ("__iter__", "__reversed__", "__init__", "__new__"):
         raise Unsupported(f"set.{name}")
-    if s.cls is frozenset and name in _SET_MUTATORS:
+    if _frozen(s) and name in _SET_MUTATORS:
         raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}", python_exception=AttributeError(name))
     by_key = dict(s.vars)
     native_args = [_set_keys(frame, a, by_key) if name != "__contains__" else set_key(a) for a in args]
     try:
-        result = method(s.keys, *native_args)
+        result = getattr(set, name)(s.keys, *native_args)  # (capture's own table is a set either way)
     except KeyError as e:
         raise Unsupported(f"set.{name} raised KeyError", python_exception=e) from e
-    if name in _SET_MUTATORS:
+    if name in _SET_MUTATORS or result is s.keys:  # (an in-place operator returns the set itself)
         s.vars = {k: by_key[k] for k in s.keys}
         og.side_effects.mark_mutated(s)
-        return by_key[result] if name == "pop" else const(None)
+        return by_key[result] if name == "pop" else s if result is s.keys else const(None)
     if isinstance(result, (set, frozenset)):
         out = SetVariable([(k, by_key[k]) for k in result], keys=set(result))
-        out.cls = s.cls  # frozenset's operations make frozensets
+        out.cls = frozenset if _frozen(s) else set  # a subclass's operations make plain sets/frozensets
         return out
     return const(result)
 
