@@ -189,7 +189,8 @@ class OutputGraph:
                 g.add(source, f"v.maxlen == {value.maxlen!r}", f"{source!r}.maxlen == {value.maxlen!r}")
             items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
             return DequeVariable(items, source, value.maxlen)
-        if type(value) in _DICT_TYPES and all(_stable_key(k) or isinstance(k, torch.Tensor) for k in value):
+        if type(value) in _DICT_TYPES and all(_stable_key(k) or isinstance(k, torch.Tensor) for k in value) and \
+                len(value) == len(list(value)):  # (an OrderedDict that dict's own methods changed iterates fewer)
             if g:
                 g.keys_match(source, value)
             get = value.__getitem__ if type(value) is types.MappingProxyType else functools.partial(dict.__getitem__, value)

@@ -28,7 +28,7 @@ import unicodedata
 
 from kiln.capture import graph_builder, objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
-from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
+from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method, refuse_order_bypass
 from kiln.capture.sources import AttrSource
 from kiln.capture.variables import (BaseIterator, ConstantVariable, DictVariable, GeneratorVariable, IteratorVariable, ListVariable,
                                     DictViewVariable, ObjectVariable, SetVariable, TupleVariable, const, is_constant)
@@ -224,6 +224,7 @@ def _native_arg(frame, v):
 def call_builtin_method(frame, cls, name, recv, args, kwargs):
     """`cls.name(recv, *args, **kwargs)` for a builtin type `cls`."""
     if isinstance(recv, (ListVariable, TupleVariable, DictVariable, SetVariable)) and name != "fromkeys":
+        refuse_order_bypass(frame, cls, recv, name, args)
         return call_method(frame, recv, name, args, kwargs)
     view = objects.readonly_dict_view(frame, recv, getattr(cls, name))  # an existing dict (subclass) read
     if view is not None:

@@ -187,6 +187,25 @@ _DICT_ARITY = {"keys": (0, 0), "values": (0, 0), "items": (0, 0), "clear": (0, 0
 _DICT_KEYWORDS = {"update": None, "__init__": None, "popitem": {"last"}, "move_to_end": {"last"}}  # None: any
 
 
+_KEY_REMOVERS = {"pop", "popitem", "__delitem__", "clear"}
+_KEY_ADDERS = {"__setitem__", "setdefault", "update", "__ior__"}
+
+
+def refuse_order_bypass(frame, cls, d, name, args):
+    """`dict.m(od, ...)`: dict's own method adding or removing a key of an OrderedDict skips the
+    OrderedDict's order bookkeeping, which CPython then iterates inconsistently (list(od) misses the
+    key, len(od) counts it): capture breaks rather than model that. Updating values is fine."""
+    if not (isinstance(d, DictVariable) and issubclass(d.cls, collections.OrderedDict) and
+            not issubclass(cls, collections.OrderedDict)) or name not in _KEY_REMOVERS | _KEY_ADDERS:
+        return
+    if name in _KEY_ADDERS and name != "update" and name != "__ior__" and args and dict_key(args[0]) in d.items:
+        return
+    if name in ("update", "__ior__") and len(args) == 1 and \
+            all(k in d.items for k in mapping_items(frame, args[0])):
+        return
+    raise Unsupported(f"{cls.__name__}.{name} on an OrderedDict bypasses its order bookkeeping")
+
+
 def _check_dict_arguments(d, name, args, kwargs):
     low, high = _DICT_ARITY.get(name, (0, len(args)))
     if name == "popitem" and issubclass(d.cls, collections.OrderedDict):
