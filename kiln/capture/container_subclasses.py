@@ -20,6 +20,7 @@ from kiln.exc import Unsupported
 
 _BASES = (list, tuple, dict, collections.OrderedDict, set, frozenset)
 _IMMUTABLE = (tuple, frozenset)  # items fixed by __new__; __init__ is object's
+_SAME_NEW = {dict: collections.OrderedDict}  # OrderedDict.__new__ is dict.__new__
 _HEAP_TYPE = 1 << 9
 
 
@@ -103,9 +104,9 @@ def _base_new(base):
     def handler(frame, args, kwargs):
         cls = const_value(args[0], f"the class given to {base.__name__}.__new__")
         items = unpack_iterable(frame, args[1]) if base in _IMMUTABLE and len(args) > 1 else []
-        if cls is base:
-            return make_tuple(items) if base is tuple else _empty(base, base, items)
-        if not isinstance(cls, type) or _plain_subclass(cls) is not base:
+        if cls is base or cls is _SAME_NEW.get(base):
+            return make_tuple(items) if base is tuple else _empty(cls, base, items)
+        if not isinstance(cls, type) or _plain_subclass(cls) not in (base, _SAME_NEW.get(base)):
             raise Unsupported(f"{base.__name__}.__new__({getattr(cls, '__qualname__', cls)})")
         return _empty(cls, base, items)
     return handler

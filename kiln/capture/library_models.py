@@ -285,6 +285,24 @@ def _register_builtin_methods():
                 BUILTIN_HANDLERS.setdefault(raw, _unbound(cls, name))
     for cls in (collections.OrderedDict, collections.defaultdict, collections.Counter):
         BUILTIN_HANDLERS[cls.fromkeys] = _fromkeys(cls) if cls is not collections.Counter else _counter_fromkeys
+    for cls in (dict, collections.OrderedDict):  # `Sub.fromkeys(...)`: the C classmethod bound to a subclass
+        BUILTIN_HANDLERS[vars(cls)["fromkeys"]] = _subclass_fromkeys
+
+
+def _subclass_fromkeys(frame, args, kwargs):
+    """dict.fromkeys bound to a user subclass, as CPython's dict_fromkeys does it for one: `cls()`, then
+    `d[k] = value` per key (the subclass's own __init__ and __setitem__ run)."""
+    cls_var = args[0]
+    cls = const_value(cls_var, "the class of fromkeys")
+    if cls in (dict, collections.OrderedDict, collections.defaultdict):
+        return _fromkeys(cls)(frame, list(args[1:]), kwargs)
+    if kwargs or not 2 <= len(args) <= 3:
+        raise Unsupported(f"{cls.__qualname__}.fromkeys with these arguments")
+    d = objects.call(frame, cls_var, [], {})
+    value = args[2] if len(args) > 2 else const(None)
+    for k in objects.unpack_iterable(frame, args[1]):
+        objects.setitem(frame, d, k, value)
+    return d
 
 
 def _counter_fromkeys(frame, args, kwargs):

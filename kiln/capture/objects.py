@@ -1103,7 +1103,8 @@ def getattr_var(frame, obj, name):
             return obj.attrs[name]
         cls = obj.python_type()
         if cls not in _BASE_TYPES and not (hasattr(cls, "_fields") and name in _NAMEDTUPLE_MACHINERY):
-            defined = any(name in k.__dict__ for k in cls.__mro__ if k not in _BASE_TYPES and k is not object)
+            # (a user's class only: a C class's methods, OrderedDict.move_to_end, are the base's, modelled)
+            defined = any(name in k.__dict__ for k in cls.__mro__ if k.__flags__ & _HEAP_TYPE)
             if defined or (not hasattr(cls.__mro__[-2], name) and _python_dunder(cls, "__getattr__")):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
         if not hasattr(cls, name):  # (hasattr(a_dict, "to") is False, as in Python)

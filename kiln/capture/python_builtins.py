@@ -257,9 +257,11 @@ def _dict_method(frame, d, name, args, kwargs):
                                                                       collections.defaultdict) else DictVariable(d.items)
         merged.items.update(mapping_items(frame, args[0]))
         return merged
-    if name == "move_to_end" and d.cls is collections.OrderedDict:
+    if name == "move_to_end" and issubclass(d.cls, collections.OrderedDict):
         k = dict_key(args[0])
         last = const_value(args[1]) if len(args) > 1 else const_value(kwargs.get("last", const(True)))
+        if k not in d.items:
+            raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         value = d.items.pop(k)
         d.items = {k: value, **d.items} if not last else {**d.items, k: value}
         og.side_effects.mark_mutated(d)
