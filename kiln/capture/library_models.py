@@ -294,10 +294,9 @@ def _subclass_fromkeys(frame, args, kwargs):
     `d[k] = value` per key (the subclass's own __init__ and __setitem__ run)."""
     cls_var = args[0]
     cls = const_value(cls_var, "the class of fromkeys")
-    if cls in (dict, collections.OrderedDict, collections.defaultdict):
-        return _fromkeys(cls)(frame, list(args[1:]), kwargs)
-    if kwargs or not 2 <= len(args) <= 3:
-        raise Unsupported(f"{cls.__qualname__}.fromkeys with these arguments")
+    if cls in (dict, collections.OrderedDict, collections.defaultdict) or kwargs or not 2 <= len(args) <= 3:
+        base = next(k for k in cls.__mro__ if k in (collections.OrderedDict, collections.defaultdict, dict))
+        return _fromkeys(base)(frame, list(args[1:]), kwargs)  # (wrong arguments: its TypeError)
     d = objects.call(frame, cls_var, [], {})
     value = args[2] if len(args) > 2 else const(None)
     for k in objects.unpack_iterable(frame, args[1]):

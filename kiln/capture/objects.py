@@ -377,6 +377,8 @@ def contains(frame, container, item):
                 return True
             if isinstance(i, ConstantVariable) and isinstance(item, ConstantVariable) and i.value == item.value:
                 return True
+            if (_python_eq(i) or _python_eq(item)) and truth(frame, apply_operator(frame, operator.eq, [i, item])):
+                return True  # (a class's own __eq__ runs, as PySequence_Contains calls it; it may raise)
         return False
     if (own := python_special(frame, container, "__contains__")) is not None:
         return truth(frame, call(frame, own, [item], {}))
@@ -413,6 +415,8 @@ def apply_operator(frame, op, args):
     if len(args) == 2 and op in _SET_OPS and any(isinstance(a, DictViewVariable) and a.kind != "values" for a in args):
         if op in _VIEW_OPS or op in _INPLACE_TO_BINARY and _INPLACE_TO_BINARY[op] in _VIEW_OPS:
             return _view_operator(frame, _INPLACE_TO_BINARY.get(op, op), *args)  # (a view has no in-place form)
+        if op in _REFLECTED and all(_set_like(a) for a in args):
+            return const(_view_compare(frame, op, *args))
         args = [new_set(view_items(a)) if isinstance(a, DictViewVariable) else a for a in args]  # comparisons
     if all(isinstance(a, SetVariable) or isinstance(a, ConstantVariable) and isinstance(a.value, frozenset)
            for a in args) and len(args) == 2 and op in _SET_OPS:
@@ -654,6 +658,35 @@ def _view_operator(frame, op, a, b):
     name = "difference_update" if op is operator.sub else "symmetric_difference_update"
     call_method(frame, out, name, [b if _set_of(b) is not None else new_set(unpack_iterable(frame, b))], {})
     return out
+
+
+def _set_like(v):
+    return isinstance(v, SetVariable) or isinstance(v, ConstantVariable) and isinstance(v.value, frozenset) or \
+        isinstance(v, DictViewVariable) and v.kind != "values"
+
+
+_SWAPPED = {operator.lt: operator.gt, operator.le: operator.ge, operator.gt: operator.lt, operator.ge: operator.le,
+            operator.eq: operator.eq, operator.ne: operator.ne}
+
+
+def _view_compare(frame, op, a, b):
+    """A keys/items view compared with a set or view, as CPython's dictview_richcompare does it (a set
+    on the left gives NotImplemented, so the view's reflected comparison runs): the sizes first, then
+    each item of the smaller side looked up in the other (an items view compares the values with ==,
+    which may run a class's own __eq__)."""
+    if not isinstance(a, DictViewVariable) or a.kind == "values":
+        return _view_compare(frame, _SWAPPED[op], b, a)
+    size = {id(v): len(v.dict.items) if isinstance(v, DictViewVariable) else len(unpack_iterable(frame, v))
+            for v in (a, b)}
+    la, lb = size[id(a)], size[id(b)]
+
+    def within(x, y):
+        return all(contains(frame, y, item) for item in unpack_iterable(frame, x))
+    if op in (operator.eq, operator.ne):
+        return (la == lb and within(a, b)) == (op is operator.eq)
+    if op in (operator.lt, operator.le):
+        return (la < lb if op is operator.lt else la <= lb) and within(a, b)
+    return (la > lb if op is operator.gt else la >= lb) and within(b, a)
 
 
 def _frozen(v):
@@ -1120,6 +1153,8 @@ def getattr_var(frame, obj, name):
         return _super_attr(frame, obj, name)
     if isinstance(obj, (BaseIterator, DictViewVariable)) and name in ("__iter__", "__next__", "__reversed__"):
         return MethodVariable(name, obj)
+    if isinstance(obj, DictViewVariable) and name == "mapping":  # a read-only proxy of the live dict
+        return call(frame, og.wrap(types.MappingProxyType, None, guard=False), [obj.dict], {})
     if isinstance(obj, ObjectVariable):
         if name == "__dict__" and _has_plain_instance_dict(obj):
             return instance_dict(frame, obj)
