@@ -13,6 +13,7 @@ import operator
 import re
 import sys
 import types
+import weakref
 
 import sympy
 import torch
@@ -641,6 +642,9 @@ def _stable_key(k):
         return True
     if type(k) in (tuple, torch.Size):
         return all(_stable_key(i) for i in k)
+    if type(k) is weakref.ref:  # (a WeakKeyDictionary's: equal while its referent lives, by the referent's ==)
+        referent = k()
+        return referent is not None and type(referent).__eq__ is object.__eq__ and _stable_key(referent)
     return type(k).__module__ == "typing" or type(k).__eq__ is object.__eq__ and not isinstance(k, torch.Tensor)
 
 

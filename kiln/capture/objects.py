@@ -148,10 +148,15 @@ def specialize(v):
     return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v.value)](v.value)
 
 
+KEY_MAKERS = {}  # a Variable kind modelled in its own module -> fn(v): the real key it hashes as, or None
+
+
 def dict_key(k):
     """The key a DictVariable stores for the key Variable `k` (see key_var)."""
     if isinstance(k, TensorVariable):
         return TensorKey(k)
+    if (maker := KEY_MAKERS.get(type(k))) is not None and (key := maker(k)) is not None:
+        return key
     if isinstance(k, ObjectVariable) and type(k.value).__hash__ is object.__hash__:
         return k.value  # hashed by identity (a module, a plain object): its contents do not matter
     if isinstance(k, (FreshObjectVariable, FunctionVariable, PartialVariable)) and \
