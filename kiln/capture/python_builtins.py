@@ -247,6 +247,8 @@ def _dict_method(frame, d, name, args, kwargs):
         if not isinstance(args[0], DictVariable):
             return const(NotImplemented)
         return apply_operator(frame, operator.eq if name == "__eq__" else operator.ne, [d, args[0]])
+    if name == "__copy__" and issubclass(d.cls, collections.defaultdict):
+        name = "copy"  # (defaultdict's __copy__ is its copy: the same factory)
     if name == "copy":  # (a mappingproxy's copy is its mapping's: a dict)
         copied = DictVariable(d.items, cls=dict if d.cls is types.MappingProxyType else d.cls)
         if hasattr(d, "default_factory"):

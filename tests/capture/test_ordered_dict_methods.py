@@ -1,4 +1,4 @@
-"""OrderedDict's own C methods (move_to_end, popitem(last=), copy, clear, ...) read from an instance or
+"""OrderedDict's (and defaultdict's) own C methods (move_to_end, popitem(last=), copy, __copy__, ...) read from an instance or
 called unbound (`OrderedDict.move_to_end(d, k)`), on OrderedDicts and their subclasses, and a subclass
 whose Python __new__ calls `super().__new__`: compiled in one graph, results and state as eager's."""
 import collections
@@ -59,4 +59,13 @@ def test_a_subclass_whose_new_calls_dicts_new():
         e = dict.__new__(collections.OrderedDict)
         e["j"] = 2
         return d["k"] + e["j"], type(d).__name__, list(d), type(e).__name__
+    check_graphs(fn, torch.randn(2), graphs=1, fullgraph=True)
+
+
+def test_a_defaultdicts_copy_dunder_keeps_its_factory():
+    def fn(x):
+        d = collections.defaultdict(list, {1: x})
+        c = d.__copy__()
+        c[2].append(3)
+        return c[1] * 2, c.default_factory is list, dict(c), dict(d)
     check_graphs(fn, torch.randn(2), graphs=1, fullgraph=True)
