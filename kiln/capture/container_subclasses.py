@@ -160,9 +160,15 @@ def wrap_instance(og, value, source, guard):
     else:
         var = DictVariable({k: og.wrap(dict.__getitem__(value, k), BaseItemSource(source, k, via), guard)
                             for k in base.keys(value)}, source, cls)
+    return _with_instance_dict(og, var, value, source, guard)
+
+
+def _with_instance_dict(og, var, value, source, guard):
+    """`var` with the instance __dict__ of `value` (its keys guarded) as its attributes."""
     inst = getattr(value, "__dict__", None)
     if isinstance(inst, dict):
-        if g:
+        if guard:
+            g = og.guards
             g.add(source, f"tuple(v.__dict__) == {g.const(tuple(inst), 'KEYS')}",
                   f"{source!r}.__dict__ keys == {list(inst)}")
         var.attrs = {k: og.wrap(v, AttrSource(source, k), guard) for k, v in inst.items()}
@@ -187,14 +193,7 @@ def _wrap_set(og, value, source, guard, base):
               f"type({source!r}) is {type(value).__name__} and items == {keys!r} in this order")
     var = SetVariable([(k, ConstantVariable(k)) for k in real], source, keys=real)
     var.cls = type(value)
-    inst = getattr(value, "__dict__", None)
-    if isinstance(inst, dict):
-        if g:
-            g.add(source, f"tuple(v.__dict__) == {g.const(tuple(inst), 'KEYS')}",
-                  f"{source!r}.__dict__ keys == {list(inst)}")
-        var.attrs = {k: og.wrap(v, AttrSource(source, k), guard) for k, v in inst.items()}
-        var.attrs_at_entry = tuple(inst)
-    return var
+    return _with_instance_dict(og, var, value, source, guard)
 
 
 def write_back(g, container, target):
