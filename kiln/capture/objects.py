@@ -273,7 +273,9 @@ def truth(frame, v):
         return bool(v.value)
     if isinstance(v, TensorVariable):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)", kind="data_dependent")
-    if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
+    if isinstance(v, SetVariable):
+        return bool(v.keys)  # (not its items: their order is not read)
+    if isinstance(v, (ListVariable, TupleVariable, DictVariable)):
         return bool(v.items)
     if isinstance(v, (FunctionVariable, MethodVariable, BaseIterator, CellVariable, PartialVariable)):
         return True
@@ -681,8 +683,8 @@ def _view_compare(frame, op, a, b):
     which may run a class's own __eq__)."""
     if not isinstance(a, DictViewVariable) or a.kind == "values":
         return _view_compare(frame, _SWAPPED[op], b, a)
-    size = {id(v): len(v.dict.items) if isinstance(v, DictViewVariable) else len(unpack_iterable(frame, v))
-            for v in (a, b)}
+    size = {id(v): len(v.dict.items) if isinstance(v, DictViewVariable) else len(v.keys)
+            if isinstance(v, SetVariable) else len(v.value) for v in (a, b)}
     la, lb = size[id(a)], size[id(b)]
 
     def within(x, y):

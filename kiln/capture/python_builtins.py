@@ -337,6 +337,8 @@ def builtin_len(frame, args, kwargs):
     if not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS) and \
             (own := python_special(frame, v, "__len__")) is not None:  # (those: their children, guarded)
         return call(frame, own, [], {})
+    if isinstance(v, SetVariable):
+        return const(len(v.keys))  # (not through its items: their order is not read)
     return const(len(unpack_iterable(frame, v)))
 
 
