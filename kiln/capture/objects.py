@@ -125,7 +125,8 @@ def const_value(v, why="a non-constant value"):
         return {k: const_value(i, why) for k, i in v.items.items()}
     if isinstance(v, SetVariable):
         if v.cls not in (set, frozenset):  # (a plain set would lose the subclass's type and methods)
-            raise Unsupported(f"{why}: an instance of the set subclass {v.cls.__qualname__}")
+            raise Unsupported(f"{why}: an instance of the set subclass {v.cls.__qualname__}",
+                              kind="unsupported_object")
         items = {const_value(i, why) for i in v.items}
         return frozenset(items) if v.cls is frozenset else items
     if isinstance(v, TensorVariable):

@@ -203,7 +203,8 @@ def refuse_order_bypass(frame, cls, d, name, args):
     if name in ("update", "__ior__") and len(args) == 1 and \
             all(k in d.items for k in mapping_items(frame, args[0])):
         return
-    raise Unsupported(f"{cls.__name__}.{name} on an OrderedDict bypasses its order bookkeeping")
+    raise Unsupported(f"{cls.__name__}.{name} on an OrderedDict bypasses its order bookkeeping",
+                      kind="unsupported_object")
 
 
 def _check_dict_arguments(d, name, args, kwargs):
