@@ -182,6 +182,8 @@ def set_key(v):
         return v.value
     if isinstance(v, TensorVariable):
         return ("tensor", id(v.fake))
+    if isinstance(v, TupleVariable) and v.cls is tuple:  # a tuple hashes its items (a tensor by identity)
+        return tuple(set_key(i) for i in v.items)
     return const_value(v, "set element")
 
 
@@ -646,15 +648,14 @@ def _view_operator(frame, op, a, b):
     other iterable item by item); `&` iterates the larger operand and keeps what the smaller holds."""
     if op is operator.and_:
         view, other = (a, b) if isinstance(a, DictViewVariable) and a.kind != "values" else (b, a)
-        mine = new_set(view_items(view))
-        if (real := _set_of(other)) is not None and isinstance(other, SetVariable) and other.cls is set and \
-                len(mine.keys) <= len(real[0]):
+        if isinstance(other, SetVariable) and other.cls is set and len(view.dict.items) <= len(other.keys):
             return call_method(frame, other, "intersection", [view], {})
-        if isinstance(other, DictViewVariable) and other.kind != "values" and len(other.dict.items) > len(mine.keys):
-            view, other, mine = other, view, new_set(view_items(other))
+        if isinstance(other, DictViewVariable) and other.kind != "values" and \
+                len(other.dict.items) > len(view.dict.items):
+            view, other = other, view
         out = new_set([])
         for item in unpack_iterable(frame, other):
-            if set_key(item) in mine.keys:
+            if contains(frame, view, item):  # (an items view compares the values with ==)
                 out.add(set_key(item), item)
         return out
     out = new_set(view_items(a) if isinstance(a, DictViewVariable) else [])

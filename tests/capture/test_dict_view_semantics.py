@@ -63,3 +63,13 @@ def test_a_views_mapping_is_a_live_read_only_proxy():
         d["b"] = 2
         return m["a"] * m["b"], dict(m), type(m).__name__, len(m)
     check_graphs(fn, torch.randn(2), graphs=1, fullgraph=True)
+
+
+@pytest.mark.parametrize("op", [operator.and_, operator.or_, operator.sub, operator.xor, operator.le, operator.eq],
+                         ids=lambda op: op.__name__)
+def test_items_views_holding_tensors_as_sets(op):
+    def fn(x, y):
+        a, b = {"p": x, "q": y}, {"p": x, "r": y}
+        out, mixed = op(a.items(), b.items()), op(a.items(), {("p", x), ("q", y)})
+        return x + 1, [len(r) if isinstance(r, set) else r for r in (out, mixed)]  # (sets of tensors: sizes)
+    check_graphs(fn, torch.randn(2), torch.randn(2), graphs=1, fullgraph=True)
