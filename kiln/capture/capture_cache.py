@@ -46,6 +46,7 @@ from kiln.capture.cache_entry import CacheEntry, log_entry, log_graph
 from kiln.capture.class_watch import ClassWatch
 from kiln.capture.guards import SYMPY_PRINTER_NAMES, Guard, Liveness, compile_guards, first_failure_reporter
 from kiln.capture.sources import AttrSource, CellSource, GlobalSource, ItemSource, LocalSource
+from kiln.capture.variables import SetVariable
 from kiln.debug.logs import log
 
 FORMAT = 2  # 2: symbolic graphs (size facts, placeholder descriptions), the dynamism an entry was made under
@@ -82,6 +83,8 @@ def stored_form(og, glue, graph_fn, gm, glue_src, backend, code, caller):
 def _describe_entry(og, glue, graph_fn, gm, glue_src, backend, glue_objects):
     if og.dynamic_inputs and backend.name == "aot_eager":  # (it would trace a loaded graph at one size)
         raise portable.Unportable("aot_eager's graph has symbolic sizes")
+    if SetVariable.order_reads != og.set_order_reads:
+        raise portable.Unportable("a set's iteration order was read (it follows this process's string hashing)")
     guard_sources = og.guards.sources(portable=True)
     if guard_sources is None:
         raise portable.Unportable("a guard checks a live object by identity")

@@ -1,8 +1,8 @@
-"""User subclasses of list, tuple and dict (OrderedDict): instances made in the frame (through the
-class, a Python __new__ calling super().__new__, or `tuple.__new__(cls, items)` directly) and instances
-passed in. Their storage is the base's, so they are ListVariable/TupleVariable/DictVariable of the
-subclass: the subclass's own Python methods run over them (objects.python_special), the base's C methods
-are modelled. One passed in is read, guarded and written back through the base's own methods, never
+"""User subclasses of list, tuple, dict (OrderedDict), set and frozenset: instances made in the frame
+(through the class, a Python __new__ calling super().__new__, or `tuple.__new__(cls, items)` directly)
+and instances passed in. Their storage is the base's, so they are ListVariable/TupleVariable/DictVariable/
+SetVariable of the subclass: the subclass's own Python methods run over them (objects.python_special),
+the base's C methods are modelled (a set operation on a subclass gives a plain set, as CPython's do). One passed in is read, guarded and written back through the base's own methods, never
 its overrides (`list.__getitem__(v, i)`, `list.__len__(v)`), and its instance __dict__ comes along.
 Registers into objects (SUBCLASS_CONSTRUCTORS), graph_builder (SUBCLASS_WRAPPERS),
 python_builtins (BUILTIN_HANDLERS) and glue (MUTATION_WRITERS)."""
@@ -11,23 +11,26 @@ import inspect
 import types
 
 from kiln.capture import glue, graph_builder, objects
-from kiln.capture.objects import call_method, call_python_function, const_value, make_tuple, unpack_iterable
+from kiln.capture.objects import (call_method, call_python_function, const_value, make_tuple, new_set,
+                                  unpack_iterable)
 from kiln.capture.python_builtins import BUILTIN_HANDLERS
 from kiln.capture.sources import AttrSource, Source
-from kiln.capture.variables import DictVariable, ListVariable, TupleVariable
+from kiln.capture.variables import ConstantVariable, DictVariable, ListVariable, SetVariable, TupleVariable, is_constant
 from kiln.exc import Unsupported
 
-_BASES = (list, tuple, dict, collections.OrderedDict)
+_BASES = (list, tuple, dict, collections.OrderedDict, set, frozenset)
+_IMMUTABLE = (tuple, frozenset)  # items fixed by __new__; __init__ is object's
+_SAME_NEW = {dict: collections.OrderedDict}  # OrderedDict.__new__ is dict.__new__
 _HEAP_TYPE = 1 << 9
 
 
 def storage_base(cls):
     """The builtin container a class stores its items in, when capture models its subclasses: list,
-    tuple, dict or OrderedDict (a defaultdict's or set's subclass: None)."""
+    tuple, dict, OrderedDict, set or frozenset (a defaultdict's or deque's subclass: None)."""
     for klass in cls.__mro__:
         if klass in _BASES:
             return klass
-        if klass in (collections.defaultdict, set, frozenset, collections.deque) or \
+        if klass in (collections.defaultdict, collections.deque) or \
                 not klass.__flags__ & _HEAP_TYPE and klass is not object:
             return None
     return None
@@ -51,6 +54,10 @@ def _plain_subclass(cls):
 def _empty(cls, base, items=()):
     if base is tuple:
         return TupleVariable(list(items), cls=cls)
+    if base in (set, frozenset):
+        var = new_set(list(items))
+        var.cls = cls
+        return var
     return ListVariable(list(items), cls=cls) if base is list else DictVariable({}, cls=cls)
 
 
@@ -66,14 +73,14 @@ def construct(frame, cls, args, kwargs):
         if not issubclass(var.python_type(), cls):
             return var
     else:
-        if base is tuple and kwargs:
-            raise Unsupported(f"{cls.__qualname__}() takes no keyword arguments",
-                              python_exception=TypeError("tuple() takes no keyword arguments"))
-        var = _empty(cls, base, unpack_iterable(frame, args[0]) if base is tuple and args else ())
+        if base in _IMMUTABLE and kwargs:
+            e = TypeError(f"{base.__name__}() takes no keyword arguments")
+            raise Unsupported(f"{cls.__qualname__}() takes no keyword arguments", python_exception=e)
+        var = _empty(cls, base, unpack_iterable(frame, args[0]) if base in _IMMUTABLE and args else ())
     init = inspect.getattr_static(cls, "__init__", None)
     if isinstance(init, types.FunctionType):
         call_python_function(frame, init, [var] + list(args), kwargs)
-    elif base is not tuple:
+    elif base not in _IMMUTABLE:
         call_method(frame, var, "__init__", list(args), kwargs)
     return var
 
@@ -91,16 +98,17 @@ def _python_new(cls):
 
 
 def _base_new(base):
-    """`tuple.__new__(cls, items)`, `list.__new__(cls)`, `dict.__new__(cls)`: an instance of `cls`
-    (not initialised: __init__ is type.__call__'s business)."""
+    """`tuple.__new__(cls, items)`, `frozenset.__new__(cls, items)`, `list.__new__(cls)`,
+    `dict.__new__(cls)`, `set.__new__(cls)`: an instance of `cls` (not initialised: __init__ is
+    type.__call__'s business)."""
     def handler(frame, args, kwargs):
         cls = const_value(args[0], f"the class given to {base.__name__}.__new__")
-        if cls is base:
-            items = unpack_iterable(frame, args[1]) if base is tuple and len(args) > 1 else []
-            return make_tuple(items) if base is tuple else _empty(base, base)
-        if not isinstance(cls, type) or _plain_subclass(cls) is not base:
+        items = unpack_iterable(frame, args[1]) if base in _IMMUTABLE and len(args) > 1 else []
+        if cls is base or cls is _SAME_NEW.get(base):
+            return make_tuple(items) if base is tuple else _empty(cls, base, items)
+        if not isinstance(cls, type) or _plain_subclass(cls) not in (base, _SAME_NEW.get(base)):
             raise Unsupported(f"{base.__name__}.__new__({getattr(cls, '__qualname__', cls)})")
-        return _empty(cls, base, unpack_iterable(frame, args[1]) if base is tuple and len(args) > 1 else ())
+        return _empty(cls, base, items)
     return handler
 
 
@@ -130,6 +138,8 @@ def wrap_instance(og, value, source, guard):
     base = _plain_subclass(cls)
     if base is None or source is None or hasattr(value, "_fields"):
         return None
+    if base in (set, frozenset):
+        return _wrap_set(og, value, source, guard, base)
     if base in (dict, collections.OrderedDict) and not all(graph_builder._stable_key(k) for k in base.keys(value)):
         return None
     g = og.guards if guard else None
@@ -150,14 +160,40 @@ def wrap_instance(og, value, source, guard):
     else:
         var = DictVariable({k: og.wrap(dict.__getitem__(value, k), BaseItemSource(source, k, via), guard)
                             for k in base.keys(value)}, source, cls)
+    return _with_instance_dict(og, var, value, source, guard)
+
+
+def _with_instance_dict(og, var, value, source, guard):
+    """`var` with the instance __dict__ of `value` (its keys guarded) as its attributes."""
     inst = getattr(value, "__dict__", None)
     if isinstance(inst, dict):
-        if g:
+        if guard:
+            g = og.guards
             g.add(source, f"tuple(v.__dict__) == {g.const(tuple(inst), 'KEYS')}",
                   f"{source!r}.__dict__ keys == {list(inst)}")
         var.attrs = {k: og.wrap(v, AttrSource(source, k), guard) for k, v in inst.items()}
         var.attrs_at_entry = tuple(inst)
     return var
+
+
+def _wrap_set(og, value, source, guard, base):
+    """An instance of a set/frozenset subclass from outside holding constants: guarded on its type and
+    its items in their iteration order (read with the base's iterator, past any override); other items
+    leave it an opaque object."""
+    keys = list(base.__iter__(value))
+    if not all(is_constant(k) for k in keys):
+        return None
+    real = set(keys)
+    if list(real) != keys:  # a table grown by deletions: capture's copy would iterate in another order
+        return None
+    g = og.guards if guard else None
+    if g:
+        b, t = g.const(base, "BASE"), g.const(type(value), "T")
+        g.add(source, f"type(v) is {t} and tuple({b}.__iter__(v)) == {g.const(tuple(keys), 'KEYS')}",
+              f"type({source!r}) is {type(value).__name__} and items == {keys!r} in this order")
+    var = SetVariable([(k, ConstantVariable(k)) for k in real], source, keys=real)
+    var.cls = type(value)
+    return _with_instance_dict(og, var, value, source, guard)
 
 
 def write_back(g, container, target):
@@ -171,7 +207,10 @@ def write_back(g, container, target):
     todo = []
     if base is list:
         todo.append((f"{b}.__setitem__({target}, slice(None), {{}})", ListVariable(container.items)))
-    elif base is not tuple:
+    elif base is set:  # in place, past the subclass's own operators, so the set keeps its own table
+        todo.append((f"__s = {target}; __n = {{}}; {b}.difference_update(__s, {b}.difference(__s, __n)); "
+                     f"{b}.update(__s, __n)", SetVariable(container.vars.items())))
+    elif base not in _IMMUTABLE:
         todo.append((f"__d = {target}; {b}.clear(__d); [{b}.__setitem__(__d, __k, __v) for __k, __v in {{}}.items()]",
                      DictVariable(container.items)))
     for name, value in container.attrs.items():
@@ -185,6 +224,6 @@ def write_back(g, container, target):
 for _base in _BASES:
     objects.SUBCLASS_CONSTRUCTORS[_base] = construct
     graph_builder.SUBCLASS_WRAPPERS[_base] = wrap_instance
-for _base in (list, tuple, dict):
+for _base in (list, tuple, dict, set, frozenset):
     BUILTIN_HANDLERS[_base.__new__] = _base_new(_base)
 glue.MUTATION_WRITERS.append(write_back)

@@ -52,10 +52,15 @@ def _at_index(iterator, index):
 
 
 def _new_instance(cls, items):
-    """An instance of a user subclass of list/tuple/dict holding `items`, made past the subclass's own
-    __new__/__init__/__setitem__ (they ran during capture already, or never: a rebuild only restores)."""
-    if issubclass(cls, tuple):
-        return tuple.__new__(cls, items)
+    """An instance of a user subclass of list/tuple/dict/set/frozenset holding `items`, made past the
+    subclass's own __new__/__init__/__setitem__ (they ran during capture already, or never: a rebuild
+    only restores)."""
+    if issubclass(cls, (tuple, frozenset)):
+        return (tuple if issubclass(cls, tuple) else frozenset).__new__(cls, items)
+    if issubclass(cls, set):
+        obj = set.__new__(cls)
+        set.update(obj, items)
+        return obj
     base = list if issubclass(cls, list) else collections.OrderedDict if issubclass(cls, collections.OrderedDict) \
         else dict
     obj = base.__new__(cls)
@@ -69,7 +74,7 @@ def _new_instance(cls, items):
 
 def _user_container(cls):
     """A user's (heap) subclass of list/tuple/dict that a rebuild makes with _new_instance."""
-    return cls not in (list, tuple, dict) and bool(cls.__flags__ & (1 << 9)) and not hasattr(cls, "_fields") and \
+    return cls not in (list, tuple, dict, set, frozenset) and bool(cls.__flags__ & (1 << 9)) and not hasattr(cls, "_fields") and \
         not (cls.__module__ == "collections" or cls.__module__.startswith(("torch", "transformers")))
 
 
@@ -201,6 +206,9 @@ class Glue:
             return f"{self.const(var.cls, 'CLS')}({body})"
         if isinstance(var, SetVariable):
             body = "{" + ", ".join(self.value(i) for i in var.items) + "}" if var.items else "set()"
+            if _user_container(var.cls):
+                self._set_attributes(name, {}, DictVariable(var.attrs))
+                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
             return body if var.cls is set else f"frozenset({body})"
         if isinstance(var, DataDictVariable):
             args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())

@@ -13,6 +13,7 @@ import operator
 import re
 import sys
 import types
+import weakref
 
 import sympy
 import torch
@@ -91,6 +92,7 @@ class ShapeSource(torch._guards.Source):
 
 class OutputGraph:
     def __init__(self, code_name, dynamism=None):
+        self.set_order_reads = SetVariable.order_reads  # (capture_cache: was a set's order read since?)
         """`dynamism` (dynamic.InputDynamism) says which input sizes and numbers are symbolic."""
         self.graph = self.root_graph = torch.fx.Graph()  # `graph` is where ops go; see `subgraph`
         # The ShapeEnv comes into being only when a size turns symbolic (see `shape_env`): creating
@@ -188,7 +190,8 @@ class OutputGraph:
                 g.add(source, f"v.maxlen == {value.maxlen!r}", f"{source!r}.maxlen == {value.maxlen!r}")
             items = [self.wrap(v, ItemSource(source, i) if source else None, guard) for i, v in enumerate(value)]
             return DequeVariable(items, source, value.maxlen)
-        if type(value) in _DICT_TYPES and all(_stable_key(k) or isinstance(k, torch.Tensor) for k in value):
+        if type(value) in _DICT_TYPES and all(_stable_key(k) or isinstance(k, torch.Tensor) for k in value) and \
+                len(value) == len(list(value)):  # (an OrderedDict that dict's own methods changed iterates fewer)
             if g:
                 g.keys_match(source, value)
             get = value.__getitem__ if type(value) is types.MappingProxyType else functools.partial(dict.__getitem__, value)
@@ -639,6 +642,9 @@ def _stable_key(k):
         return True
     if type(k) in (tuple, torch.Size):
         return all(_stable_key(i) for i in k)
+    if type(k) is weakref.ref:  # (a WeakKeyDictionary's: equal while its referent lives, by the referent's ==)
+        referent = k()
+        return referent is not None and type(referent).__eq__ is object.__eq__ and _stable_key(referent)
     return type(k).__module__ == "typing" or type(k).__eq__ is object.__eq__ and not isinstance(k, torch.Tensor)
 
 

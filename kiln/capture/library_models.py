@@ -28,7 +28,7 @@ import unicodedata
 
 from kiln.capture import graph_builder, objects
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
-from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
+from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method, refuse_order_bypass
 from kiln.capture.sources import AttrSource
 from kiln.capture.variables import (BaseIterator, ConstantVariable, DictVariable, GeneratorVariable, IteratorVariable, ListVariable,
                                     DictViewVariable, ObjectVariable, SetVariable, TupleVariable, const, is_constant)
@@ -224,6 +224,7 @@ def _native_arg(frame, v):
 def call_builtin_method(frame, cls, name, recv, args, kwargs):
     """`cls.name(recv, *args, **kwargs)` for a builtin type `cls`."""
     if isinstance(recv, (ListVariable, TupleVariable, DictVariable, SetVariable)) and name != "fromkeys":
+        refuse_order_bypass(frame, cls, recv, name, args)
         return call_method(frame, recv, name, args, kwargs)
     view = objects.readonly_dict_view(frame, recv, getattr(cls, name))  # an existing dict (subclass) read
     if view is not None:
@@ -284,6 +285,23 @@ def _register_builtin_methods():
                 BUILTIN_HANDLERS.setdefault(raw, _unbound(cls, name))
     for cls in (collections.OrderedDict, collections.defaultdict, collections.Counter):
         BUILTIN_HANDLERS[cls.fromkeys] = _fromkeys(cls) if cls is not collections.Counter else _counter_fromkeys
+    for cls in (dict, collections.OrderedDict):  # `Sub.fromkeys(...)`: the C classmethod bound to a subclass
+        BUILTIN_HANDLERS[vars(cls)["fromkeys"]] = _subclass_fromkeys
+
+
+def _subclass_fromkeys(frame, args, kwargs):
+    """dict.fromkeys bound to a user subclass, as CPython's dict_fromkeys does it for one: `cls()`, then
+    `d[k] = value` per key (the subclass's own __init__ and __setitem__ run)."""
+    cls_var = args[0]
+    cls = const_value(cls_var, "the class of fromkeys")
+    if cls in (dict, collections.OrderedDict, collections.defaultdict) or kwargs or not 2 <= len(args) <= 3:
+        base = next(k for k in cls.__mro__ if k in (collections.OrderedDict, collections.defaultdict, dict))
+        return _fromkeys(base)(frame, list(args[1:]), kwargs)  # (wrong arguments: its TypeError)
+    d = objects.call(frame, cls_var, [], {})
+    value = args[2] if len(args) > 2 else const(None)
+    for k in objects.unpack_iterable(frame, args[1]):
+        objects.setitem(frame, d, k, value)
+    return d
 
 
 def _counter_fromkeys(frame, args, kwargs):

@@ -124,7 +124,11 @@ def const_value(v, why="a non-constant value"):
             raise Unsupported(f"{why}: a dict with tensor or object keys", kind="unsupported_object")
         return {k: const_value(i, why) for k, i in v.items.items()}
     if isinstance(v, SetVariable):
-        return {const_value(i, why) for i in v.items}
+        if v.cls not in (set, frozenset):  # (a plain set would lose the subclass's type and methods)
+            raise Unsupported(f"{why}: an instance of the set subclass {v.cls.__qualname__}",
+                              kind="unsupported_object")
+        items = {const_value(i, why) for i in v.items}
+        return frozenset(items) if v.cls is frozenset else items
     if isinstance(v, TensorVariable):
         raise Unsupported(f"{why}: a tensor's data is needed in Python", kind="data_dependent")
     if isinstance(v, SymNodeVariable):
@@ -145,10 +149,15 @@ def specialize(v):
     return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v.value)](v.value)
 
 
+KEY_MAKERS = {}  # a Variable kind modelled in its own module -> fn(v): the real key it hashes as, or None
+
+
 def dict_key(k):
     """The key a DictVariable stores for the key Variable `k` (see key_var)."""
     if isinstance(k, TensorVariable):
         return TensorKey(k)
+    if (maker := KEY_MAKERS.get(type(k))) is not None and (key := maker(k)) is not None:
+        return key
     if isinstance(k, ObjectVariable) and type(k.value).__hash__ is object.__hash__:
         return k.value  # hashed by identity (a module, a plain object): its contents do not matter
     if isinstance(k, (FreshObjectVariable, FunctionVariable, PartialVariable)) and \
@@ -173,6 +182,8 @@ def set_key(v):
         return v.value
     if isinstance(v, TensorVariable):
         return ("tensor", id(v.fake))
+    if isinstance(v, TupleVariable) and v.cls is tuple:  # a tuple hashes its items (a tensor by identity)
+        return tuple(set_key(i) for i in v.items)
     return const_value(v, "set element")
 
 
@@ -265,7 +276,9 @@ def truth(frame, v):
         return bool(v.value)
     if isinstance(v, TensorVariable):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)", kind="data_dependent")
-    if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
+    if isinstance(v, SetVariable):
+        return bool(v.keys)  # (not its items: their order is not read)
+    if isinstance(v, (ListVariable, TupleVariable, DictVariable)):
         return bool(v.items)
     if isinstance(v, (FunctionVariable, MethodVariable, BaseIterator, CellVariable, PartialVariable)):
         return True
@@ -333,7 +346,7 @@ def python_special(frame, v, name, objects=True):
     return special_method(frame, v, name) if cls is not None and _python_dunder(cls, name) else None
 
 
-_BUILTIN_CONTAINER_TYPES = (list, dict, set, tuple, collections.OrderedDict, collections.defaultdict)
+_BUILTIN_CONTAINER_TYPES = (list, dict, set, frozenset, tuple, collections.OrderedDict, collections.defaultdict)
 
 
 def _container_subclass(v):
@@ -341,7 +354,7 @@ def _container_subclass(v):
     if not isinstance(v, (ListVariable, DictVariable, SetVariable, TupleVariable)) or isinstance(v, DataDictVariable):
         return None  # (a ModelOutput is modelled as a whole)
     cls = v.python_type()
-    return cls if cls not in _BUILTIN_CONTAINER_TYPES and issubclass(cls, (list, dict, set, tuple)) else None
+    return cls if cls not in _BUILTIN_CONTAINER_TYPES and issubclass(cls, (list, dict, set, frozenset, tuple)) else None
 
 
 def delitem(frame, obj, key):
@@ -380,6 +393,8 @@ def contains(frame, container, item):
                 return True
             if isinstance(i, ConstantVariable) and isinstance(item, ConstantVariable) and i.value == item.value:
                 return True
+            if (_python_eq(i) or _python_eq(item)) and truth(frame, apply_operator(frame, operator.eq, [i, item])):
+                return True  # (a class's own __eq__ runs, as PySequence_Contains calls it; it may raise)
         return False
     if (own := python_special(frame, container, "__contains__")) is not None:
         return truth(frame, call(frame, own, [item], {}))
@@ -398,11 +413,8 @@ def apply_operator(frame, op, args):
     for a in args:
         if (model := model_of(a)) is not None and (result := model.operator(frame, op, args)) is not None:
             return result
-    if len(args) == 2 and (name := _DUNDERS.get(op)) and op is not operator.getitem and \
-            (own := python_special(frame, args[0], name, objects=False)) is not None:  # a list subclass's own
-        result = call(frame, own, args[1:], {})
-        if not _not_implemented(result):
-            return result
+    if len(args) == 2 and (result := _subclass_operator(frame, op, *args)) is not None:  # a list subclass's own
+        return result
     if op is operator.not_:
         return const(not truth(frame, args[0]))
     if op is operator.truth:
@@ -417,10 +429,11 @@ def apply_operator(frame, op, args):
     if op in (operator.is_, operator.is_not):
         return const(is_same(args[0], args[1]) == (op is operator.is_))
     if len(args) == 2 and op in _SET_OPS and any(isinstance(a, DictViewVariable) and a.kind != "values" for a in args):
-        args = [new_set(view_items(a)) if isinstance(a, DictViewVariable) else a for a in args]  # set-like views
-        if op in (operator.ior, operator.iand, operator.isub, operator.ixor):  # a view has no in-place form
-            op = {operator.ior: operator.or_, operator.iand: operator.and_, operator.isub: operator.sub,
-                  operator.ixor: operator.xor}[op]
+        if op in _VIEW_OPS or op in _INPLACE_TO_BINARY and _INPLACE_TO_BINARY[op] in _VIEW_OPS:
+            return _view_operator(frame, _INPLACE_TO_BINARY.get(op, op), *args)  # (a view has no in-place form)
+        if op in _REFLECTED and all(_set_like(a) for a in args):
+            return const(_view_compare(frame, op, *args))
+        args = [new_set(view_items(a)) if isinstance(a, DictViewVariable) else a for a in args]  # comparisons
     if all(isinstance(a, SetVariable) or isinstance(a, ConstantVariable) and isinstance(a.value, frozenset)
            for a in args) and len(args) == 2 and op in _SET_OPS:
         return _set_operator(frame, op, args)
@@ -502,6 +515,54 @@ def apply_operator(frame, op, args):
     raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
 
 
+_REFLECTED = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
+              operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
+              operator.floordiv: ("__floordiv__", "__rfloordiv__"), operator.mod: ("__mod__", "__rmod__"),
+              operator.matmul: ("__matmul__", "__rmatmul__"), operator.pow: ("__pow__", "__rpow__"),
+              operator.or_: ("__or__", "__ror__"), operator.and_: ("__and__", "__rand__"),
+              operator.xor: ("__xor__", "__rxor__"), operator.lshift: ("__lshift__", "__rlshift__"),
+              operator.rshift: ("__rshift__", "__rrshift__"), operator.eq: ("__eq__", "__eq__"),
+              operator.ne: ("__ne__", "__ne__"), operator.lt: ("__lt__", "__gt__"), operator.le: ("__le__", "__ge__"),
+              operator.gt: ("__gt__", "__lt__"), operator.ge: ("__ge__", "__le__")}
+
+
+def _subclass_operator(frame, op, a, b):
+    """`a op b` where an operand is an instance of a list/dict/set/tuple subclass whose class defines the
+    operator's method in Python, in CPython's order: an in-place method first (when it gives
+    NotImplemented, or the class has none and its base no in-place form, the binary one); then the
+    right operand's reflected method first when its class is a proper subclass of the left's, else the
+    left's method and then the right's. None: no Python method answered (the base's C one does)."""
+    if _container_subclass(a) is None and _container_subclass(b) is None:
+        return None
+    if op in _INPLACE_TO_BINARY:
+        binary = _INPLACE_TO_BINARY[op]
+        if binary not in _REFLECTED:
+            return None
+        name = "__i" + _REFLECTED[binary][0][2:]
+        if (own := python_special(frame, a, name, objects=False)) is not None:
+            result = call(frame, own, [b], {})
+            if not _not_implemented(result):
+                return result
+        elif hasattr(a.python_type(), name):
+            return None  # the left's own C in-place method (set.__ior__, list.__iadd__) runs, not a binary one
+        op = binary
+    if op not in _REFLECTED:
+        return None
+    forward, reflected = _REFLECTED[op]
+    left, right = a.python_type(), b.python_type()
+    mine = python_special(frame, a, forward, objects=False)
+    theirs = python_special(frame, b, reflected, objects=False) if right is not left else None
+    if mine is None and theirs is None:
+        return None
+    order = [(theirs, a), (mine, b)] if theirs is not None and issubclass(right, left) else [(mine, b), (theirs, a)]
+    for method, other in order:
+        if method is not None:
+            result = call(frame, method, [other], {})
+            if not _not_implemented(result):
+                return result
+    return None
+
+
 def _sequences_equal(frame, a, b):
     """list/tuple ==, as CPython compares them: same kind and length, then item by item, an item
     identical to its partner counting as equal without calling its __eq__."""
@@ -574,8 +635,85 @@ _SET_OPS = (operator.or_, operator.and_, operator.sub, operator.xor, operator.io
             operator.ixor, operator.eq, operator.ne, operator.le, operator.lt, operator.ge, operator.gt)
 
 
+_VIEW_OPS = (operator.or_, operator.and_, operator.sub, operator.xor)
+
+
+def _set_of(v):
+    """`v` as the real set of its keys a set operation works on (a set's own table), and its items."""
+    if isinstance(v, SetVariable):
+        return v.keys, v.vars
+    if isinstance(v, ConstantVariable) and isinstance(v.value, frozenset):
+        return v.value, {k: const(k) for k in v.value}
+    return None
+
+
+def _view_operator(frame, op, a, b):
+    """`a op b` with a keys/items view on one side (a set on the other gives NotImplemented first, so
+    the view's reflected method runs), as CPython's dictviews_* compute it, keeping its iteration order:
+    a set of the left operand's items, then updated with the right's (a set's table merged whole, any
+    other iterable item by item); `&` iterates the larger operand and keeps what the smaller holds."""
+    if op is operator.and_:
+        view, other = (a, b) if isinstance(a, DictViewVariable) and a.kind != "values" else (b, a)
+        if isinstance(other, SetVariable) and other.cls is set and len(view.dict.items) <= len(other.keys):
+            return call_method(frame, other, "intersection", [view], {})
+        if isinstance(other, DictViewVariable) and other.kind != "values" and \
+                len(other.dict.items) > len(view.dict.items):
+            view, other = other, view
+        out = new_set([])
+        for item in unpack_iterable(frame, other):
+            if contains(frame, view, item):  # (an items view compares the values with ==)
+                out.add(set_key(item), item)
+        return out
+    out = new_set(view_items(a) if isinstance(a, DictViewVariable) else [])
+    if not isinstance(a, DictViewVariable):
+        set_update(frame, out, a)
+    if op is operator.or_:
+        set_update(frame, out, b)
+        return out
+    name = "difference_update" if op is operator.sub else "symmetric_difference_update"
+    call_method(frame, out, name, [b if _set_of(b) is not None else new_set(unpack_iterable(frame, b))], {})
+    return out
+
+
+def _set_like(v):
+    return isinstance(v, SetVariable) or isinstance(v, ConstantVariable) and isinstance(v.value, frozenset) or \
+        isinstance(v, DictViewVariable) and v.kind != "values"
+
+
+_SWAPPED = {operator.lt: operator.gt, operator.le: operator.ge, operator.gt: operator.lt, operator.ge: operator.le,
+            operator.eq: operator.eq, operator.ne: operator.ne}
+
+
+def _view_compare(frame, op, a, b):
+    """A keys/items view compared with a set or view, as CPython's dictview_richcompare does it (a set
+    on the left gives NotImplemented, so the view's reflected comparison runs): the sizes first, then
+    each item of the smaller side looked up in the other (an items view compares the values with ==,
+    which may run a class's own __eq__)."""
+    if not isinstance(a, DictViewVariable) or a.kind == "values":
+        return _view_compare(frame, _SWAPPED[op], b, a)
+    size = {id(v): len(v.dict.items) if isinstance(v, DictViewVariable) else len(v.keys)
+            if isinstance(v, SetVariable) else len(v.value) for v in (a, b)}
+    la, lb = size[id(a)], size[id(b)]
+
+    def within(x, y):
+        return all(contains(frame, y, item) for item in unpack_iterable(frame, x))
+    if op in (operator.eq, operator.ne):
+        return (la == lb and within(a, b)) == (op is operator.eq)
+    if op in (operator.lt, operator.le):
+        return (la < lb if op is operator.lt else la <= lb) and within(a, b)
+    return (la > lb if op is operator.gt else la >= lb) and within(b, a)
+
+
+def _frozen(v):
+    return isinstance(v, SetVariable) and issubclass(v.cls, frozenset) or isinstance(v, ConstantVariable)
+
+
 def _set_operator(frame, op, args):
-    """The operator on the sets' real key sets, so the result (and its order) is CPython's own."""
+    """The operator on the sets' real key sets, so the result (and its order) is CPython's own: a new
+    set or frozenset as the left operand's base (a subclass's operations make plain ones); an in-place
+    operator updates a set, while a frozenset has none and gets a new frozenset."""
+    if op in _INPLACE_TO_BINARY and _frozen(args[0]):
+        op = _INPLACE_TO_BINARY[op]
     by_key = {}
     keysets = []
     for a in args:
@@ -595,10 +733,13 @@ def _set_operator(frame, op, args):
         target.vars = {k: by_key[k] for k in result}
         frame.og.side_effects.mark_mutated(target)
         return target
-    if isinstance(result, frozenset):
-        return const(frozenset(result)) if all(is_constant(k) for k in result) else new_set(
-            [by_key[k] for k in result])
-    return SetVariable([(k, by_key[k]) for k in result], keys=result)
+    if _frozen(target):
+        if all(isinstance(by_key[k], ConstantVariable) for k in result):
+            return const(frozenset(result))
+        out = SetVariable([(k, by_key[k]) for k in result], keys=set(result) if type(result) is not set else result)
+        out.cls = frozenset
+        return out
+    return SetVariable([(k, by_key[k]) for k in result], keys=set(result) if type(result) is not set else result)
 
 
 def _opaque(*args):
@@ -739,6 +880,8 @@ def unpack_iterable(frame, v):
             items.append(item)
         return items
     if isinstance(v, ConstantVariable) and isinstance(v.value, (tuple, str, range, frozenset, bytes, torch.Size)):
+        if isinstance(v.value, frozenset):
+            SetVariable.order_reads += 1  # (capture_cache: an order that follows string hashing)
         return [const(x) for x in v.value]
     if isinstance(v, TensorVariable):
         if v.fake.dim() == 0:
@@ -963,6 +1106,7 @@ def dict_items(frame, v):
 
 
 # ---- attributes ---------------------------------------------------------------------------------
+_BASE_TYPES = (list, tuple, dict, set, frozenset)
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type()), not built in
 _BUILTIN_CONTAINERS = (dict, list, set, frozenset, tuple, str, bytes, collections.OrderedDict, collections.defaultdict)
 _TENSOR_VALUE_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
@@ -1006,8 +1150,9 @@ def getattr_var(frame, obj, name):
         if name in obj.attrs:
             return obj.attrs[name]
         cls = obj.python_type()
-        if cls not in (list, tuple, dict, set) and not (hasattr(cls, "_fields") and name in _NAMEDTUPLE_MACHINERY):
-            defined = any(name in k.__dict__ for k in cls.__mro__ if k not in (list, tuple, dict, set, object))
+        if cls not in _BASE_TYPES and not (hasattr(cls, "_fields") and name in _NAMEDTUPLE_MACHINERY):
+            # (a user's class only: a C class's methods, OrderedDict.move_to_end, are the base's, modelled)
+            defined = any(name in k.__dict__ for k in cls.__mro__ if k.__flags__ & _HEAP_TYPE)
             if defined or (not hasattr(cls.__mro__[-2], name) and _python_dunder(cls, "__getattr__")):
                 return _class_attr(frame, obj, cls, name)  # a method (or __getattr__) of the subclass
         if not hasattr(cls, name):  # (hasattr(a_dict, "to") is False, as in Python)
@@ -1023,6 +1168,8 @@ def getattr_var(frame, obj, name):
         return _super_attr(frame, obj, name)
     if isinstance(obj, (BaseIterator, DictViewVariable)) and name in ("__iter__", "__next__", "__reversed__"):
         return MethodVariable(name, obj)
+    if isinstance(obj, DictViewVariable) and name == "mapping":  # a read-only proxy of the live dict
+        return call(frame, og.wrap(types.MappingProxyType, None, guard=False), [obj.dict], {})
     if isinstance(obj, ObjectVariable):
         if name == "__dict__" and _has_plain_instance_dict(obj):
             return instance_dict(frame, obj)
@@ -1776,6 +1923,8 @@ def _call_value(frame, fn_var, args, kwargs):
         return call_torch(frame, fn, args, kwargs)
     if isinstance(fn, type):
         return _construct(frame, fn_var, fn, args, kwargs)
+    if _key(fn) in _OPERATOR_FUNCTIONS and not all(isinstance(a, ConstantVariable) for a in args) and not kwargs:
+        return apply_operator(frame, fn, list(args))  # operator.or_(a, b) is `a | b`, on containers too
     if getattr(fn, "__module__", None) in ("math", "operator", "_operator", "cmath") and \
             isinstance(fn, (types.BuiltinFunctionType, types.FunctionType)):
         if any(isinstance(a, TensorVariable) for a in _leaves(args, kwargs)):
@@ -1809,6 +1958,13 @@ def _call_value(frame, fn_var, args, kwargs):
     if (model := TYPE_MODELS.get(type(fn))) is not None:
         return model.call(frame, fn_var, args, kwargs)
     raise Unsupported(f"call to {describe(fn_var)} (not Python code kiln can follow)", kind="unsupported_call")
+
+
+# the operator module's functions that are an operator of the language: called on Variables, they are
+# that operator (apply_operator), so containers, views and user objects get their own semantics
+_OPERATOR_FUNCTIONS = frozenset(list(_REFLECTED) + list(_INPLACE_TO_BINARY) + [
+    operator.not_, operator.truth, operator.is_, operator.is_not, operator.contains, operator.getitem,
+    operator.neg])
 
 
 def _c_classmethod(fn):

@@ -28,19 +28,27 @@ from kiln.exc import Unsupported
 _SET_MUTATORS = {"pop", "difference_update", "intersection_update", "symmetric_difference_update"}
 
 
+def _frozen(s):
+    return issubclass(s.cls, frozenset)
+
+
 def _set_method(frame, s, name, args, kwargs):
     """A set method: add/update/discard/remove/clear item by item; any other runs natively on the real
-    key sets (set_key), so its result and iteration order are CPython's own."""
+    key sets (set_key), so its result and iteration order are CPython's own. `s` may be an instance of
+    a set/frozenset subclass: these are the base's own methods (an override ran before this)."""
     og = frame.og
     if name == "__init__":  # set.__init__ refills the set; a frozenset's is object's (no change)
-        if s.cls is set:
+        if not _frozen(s):
+            if kwargs:
+                e = TypeError("set() takes no keyword arguments")
+                raise Unsupported(f"TypeError: {e}", python_exception=e)
             s.clear()
             for a in args:
                 set_update(frame, s, a)
             og.side_effects.mark_mutated(s)
         return const(None)
     if name in ("add", "update", "discard", "remove", "clear"):
-        if s.cls is frozenset:
+        if _frozen(s):
             raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}",
                               python_exception=AttributeError(name))
         if name == "add":
@@ -57,24 +65,24 @@ def _set_method(frame, s, name, args, kwargs):
             s.discard(key)
         og.side_effects.mark_mutated(s)
         return const(None)
-    method = getattr(set, name, None)
-    if method is None or kwargs or name in ("__iter__", "__reversed__", "__init__", "__new__"):
+    method = getattr(frozenset if _frozen(s) else set, name, None)
+    if method is None or getattr(set, name, None) is None or kwargs or name in ("__iter__", "__reversed__", "__init__", "__new__"):
         raise Unsupported(f"set.{name}")
-    if s.cls is frozenset and name in _SET_MUTATORS:
+    if _frozen(s) and name in _SET_MUTATORS:
         raise Unsupported(f"AttributeError: frozenset has no attribute {name!r}", python_exception=AttributeError(name))
     by_key = dict(s.vars)
     native_args = [_set_keys(frame, a, by_key) if name != "__contains__" else set_key(a) for a in args]
     try:
-        result = method(s.keys, *native_args)
+        result = getattr(set, name)(s.keys, *native_args)  # (capture's own table is a set either way)
     except KeyError as e:
         raise Unsupported(f"set.{name} raised KeyError", python_exception=e) from e
-    if name in _SET_MUTATORS:
+    if name in _SET_MUTATORS or result is s.keys:  # (an in-place operator returns the set itself)
         s.vars = {k: by_key[k] for k in s.keys}
         og.side_effects.mark_mutated(s)
-        return by_key[result] if name == "pop" else const(None)
+        return by_key[result] if name == "pop" else s if result is s.keys else const(None)
     if isinstance(result, (set, frozenset)):
         out = SetVariable([(k, by_key[k]) for k in result], keys=set(result))
-        out.cls = s.cls  # frozenset's operations make frozensets
+        out.cls = frozenset if _frozen(s) else set  # a subclass's operations make plain sets/frozensets
         return out
     return const(result)
 
@@ -179,6 +187,26 @@ _DICT_ARITY = {"keys": (0, 0), "values": (0, 0), "items": (0, 0), "clear": (0, 0
 _DICT_KEYWORDS = {"update": None, "__init__": None, "popitem": {"last"}, "move_to_end": {"last"}}  # None: any
 
 
+_KEY_REMOVERS = {"pop", "popitem", "__delitem__", "clear"}
+_KEY_ADDERS = {"__setitem__", "setdefault", "update", "__ior__"}
+
+
+def refuse_order_bypass(frame, cls, d, name, args):
+    """`dict.m(od, ...)`: dict's own method adding or removing a key of an OrderedDict skips the
+    OrderedDict's order bookkeeping, which CPython then iterates inconsistently (list(od) misses the
+    key, len(od) counts it): capture breaks rather than model that. Updating values is fine."""
+    if not (isinstance(d, DictVariable) and issubclass(d.cls, collections.OrderedDict) and
+            not issubclass(cls, collections.OrderedDict)) or name not in _KEY_REMOVERS | _KEY_ADDERS:
+        return
+    if name in _KEY_ADDERS and name != "update" and name != "__ior__" and args and dict_key(args[0]) in d.items:
+        return
+    if name in ("update", "__ior__") and len(args) == 1 and \
+            all(k in d.items for k in mapping_items(frame, args[0])):
+        return
+    raise Unsupported(f"{cls.__name__}.{name} on an OrderedDict bypasses its order bookkeeping",
+                      kind="unsupported_object")
+
+
 def _check_dict_arguments(d, name, args, kwargs):
     low, high = _DICT_ARITY.get(name, (0, len(args)))
     if name == "popitem" and issubclass(d.cls, collections.OrderedDict):
@@ -220,6 +248,8 @@ def _dict_method(frame, d, name, args, kwargs):
         if not isinstance(args[0], DictVariable):
             return const(NotImplemented)
         return apply_operator(frame, operator.eq if name == "__eq__" else operator.ne, [d, args[0]])
+    if name == "__copy__" and issubclass(d.cls, collections.defaultdict):
+        name = "copy"  # (defaultdict's __copy__ is its copy: the same factory)
     if name == "copy":  # (a mappingproxy's copy is its mapping's: a dict)
         copied = DictVariable(d.items, cls=dict if d.cls is types.MappingProxyType else d.cls)
         if hasattr(d, "default_factory"):
@@ -230,9 +260,11 @@ def _dict_method(frame, d, name, args, kwargs):
                                                                       collections.defaultdict) else DictVariable(d.items)
         merged.items.update(mapping_items(frame, args[0]))
         return merged
-    if name == "move_to_end" and d.cls is collections.OrderedDict:
+    if name == "move_to_end" and issubclass(d.cls, collections.OrderedDict):
         k = dict_key(args[0])
         last = const_value(args[1]) if len(args) > 1 else const_value(kwargs.get("last", const(True)))
+        if k not in d.items:
+            raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         value = d.items.pop(k)
         d.items = {k: value, **d.items} if not last else {**d.items, k: value}
         og.side_effects.mark_mutated(d)
@@ -306,6 +338,8 @@ def builtin_len(frame, args, kwargs):
     if not isinstance(getattr(v, "value", None), _MODULE_CONTAINERS) and \
             (own := python_special(frame, v, "__len__")) is not None:  # (those: their children, guarded)
         return call(frame, own, [], {})
+    if isinstance(v, SetVariable):
+        return const(len(v.keys))  # (not through its items: their order is not read)
     return const(len(unpack_iterable(frame, v)))
 
 

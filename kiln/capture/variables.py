@@ -240,8 +240,13 @@ class SetVariable(Variable):
         else:
             self.keys, self.vars = keys, dict(keyed)
 
+    # how often capture has read some set's iteration order: it follows the process's string hashing
+    # (PYTHONHASHSEED), so an entry that read one is not stored for another process (capture_cache)
+    order_reads = 0
+
     @property
     def items(self):
+        SetVariable.order_reads += 1
         return [self.vars[k] for k in self.keys]
 
     def add(self, key, var):

@@ -58,3 +58,16 @@ objects.TYPE_MODELS[weakref.ReferenceType] = ExistingWeakRefModel()
 objects.VARIABLE_MODELS[WeakRefVariable] = MadeWeakRefModel()
 objects.CONSTRUCTORS[weakref.ReferenceType] = _make_ref
 glue.REBUILDERS[WeakRefVariable] = lambda g, var: f"{g.const(weakref.ref, 'WEAKREF')}({g.value(var.referent)})"
+
+
+def _key_of(ref):
+    """The key weakref.ref(x) hashes as, for an existing x compared by identity (a WeakKeyDictionary's
+    lookup): a real weak reference to it, equal to the one the dictionary holds while x lives."""
+    x = ref.referent
+    if isinstance(x, objects.ObjectVariable) and type(x.value).__eq__ is object.__eq__ and \
+            type(x.value).__hash__ is object.__hash__:
+        return weakref.ref(x.value)
+    return None
+
+
+objects.KEY_MAKERS[WeakRefVariable] = _key_of
