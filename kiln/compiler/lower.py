@@ -273,10 +273,12 @@ class GraphLowering(LoweringContext):
             elif value.view is not None and value.view.layout == layout == self.buffer_by_name[value.view.name].layout:
                 self.outputs.append(("buffer", value.view.name, None))
             elif value.view is not None and isinstance(self.buffer_by_name[value.view.name], (
-                    ir.InputBuffer, ir.ExternBuffer, ir.ConstantBuffer)) and (
-                    self.output_metas is None or value.view.layout.strides == layout.strides):
-                # a view of an input or aten result: return the view itself, as eager does (unless
-                # layout_opt gave the aten result another layout than eager's)
+                    ir.InputBuffer, ir.ExternBuffer, ir.ConstantBuffer)) and value.view.layout.strides == layout.strides:
+                # a view of an input or aten result with the strides eager gave the output: the view
+                # itself. Other strides (a contiguous clone kiln kept as a permuted view of an aten
+                # result) are copied into eager's layout: a training graph's backward reads a saved
+                # value by the strides traced for it (attention's saved q was read transposed under
+                # dynamic sizes: wrong gradients)
                 self.outputs.append(("buffer", value.view.name, value.view.layout))
             else:
                 self.outputs.append(("buffer", self.realize(value, layout).view.name, None))
