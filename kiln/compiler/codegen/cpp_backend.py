@@ -35,8 +35,11 @@ def _emit_call(src, lib, entry, float_names):
     call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
                  + list(entry.sizes))
     if entry.checks:  # a failed check in the kernels reports (code, index, bound) here
-        src.line("err = (ctypes.c_int64 * 3)()")
-        call_args.append("ctypes.addressof(err)")
+        if not getattr(src, "cpu_err_made", False):  # one slot per call: a kernel writes it only to raise
+            src.cpu_err_made = True
+            src.line("cpu_err = (ctypes.c_int64 * 3)()")
+            src.line("cpu_err_ptr = ctypes.addressof(cpu_err)")
+        call_args.append("cpu_err_ptr")
     src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
     if entry.checks:
-        raise_failed_check(src, entry.checks)
+        raise_failed_check(src, entry.checks, "cpu_err")
