@@ -21,13 +21,10 @@ the torch version its header came from), in a thread so that no compile waits fo
 name (an entry stored with native checks is refused, and recompiled, where the helper is not loaded).
 """
 import ctypes
-import os
-import sysconfig
-import threading
 
 import torch
 
-from kiln.debug.logs import log
+from kiln.compiler import torch_native
 
 # the exact types whose facts Python reads with torch's own getters (no Python override)
 PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -125,9 +122,12 @@ extern "C" PyObject* kiln_tensor_checks(Py_ssize_t offset, int which) {
 }
 """
 
-_loaded = None  # (check_all, facts) once loaded; () where the helper cannot be used
-_building = None  # the thread building it
-_lock = threading.Lock()
+def _make(lib, offset):
+    make = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_ssize_t, ctypes.c_int)(("kiln_tensor_checks", lib))
+    return make(offset, 0), make(offset, 1)
+
+
+_HELPER = torch_native.Helper("tensor_checks", _SOURCE, _make)
 
 
 def _helper(wait=False):
@@ -136,59 +136,7 @@ def _helper(wait=False):
     A helper already built (on disk) loads at once; one that is not is built in a thread (a second
     or so of g++), so a cold first compile does not wait for it: entries compiled meanwhile keep
     Python lines. `wait`: wait for that build (tests)."""
-    global _loaded, _building
-    if _loaded is None:
-        with _lock:
-            if _loaded is None and _building is None:
-                _loaded = _load(build=False)
-                if _loaded is None:
-                    _building = threading.Thread(target=_build, name="kiln-tensor-checks", daemon=True)
-                    _building.start()
-    if wait and _building is not None:
-        _building.join()
-    return _loaded or ()
-
-
-def _build():
-    global _loaded
-    found = _load(build=True)
-    _loaded = () if found is None else found
-
-
-def _load(build):
-    """The helper's functions; None when it is not built yet (`build` False); () when it cannot be used."""
-    try:
-        offset = _find_impl_offset()
-        if offset is None:
-            log("perf_hints", "tensor guards stay Python lines (a tensor's TensorImpl pointer was not found)")
-            return ()
-        from kiln.compiler import build as builder
-        # torch's headers and libraries where its package keeps them (torch.utils.cpp_extension says the
-        # same, but importing it brings setuptools: ~80 ms on a warm start that never builds)
-        torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-        includes = [f"-I{os.path.join(torch_dir, 'include')}", f"-I{sysconfig.get_paths()['include']}"]
-        lib_dir = os.path.join(torch_dir, "lib")
-        # (libraries come before the source in build's command line: --no-as-needed keeps c10 linked)
-        flags = ("-w", *includes, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-Wl,--no-as-needed", "-lc10")
-        lib = builder.load_library(_SOURCE.replace("TORCH_VERSION", torch.__version__), name_hint="tensor_checks",
-                                   extra_flags=flags, build=build)
-        if lib is None:
-            return None
-        make = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_ssize_t, ctypes.c_int)(("kiln_tensor_checks", lib))
-        return make(offset, 0), make(offset, 1)
-    except Exception as e:  # no compiler, a header that does not compile: Python guards
-        log("perf_hints", "tensor guards stay Python lines (native helper unavailable: %s)", e)
-        return ()
-
-
-def _find_impl_offset():
-    """Where a tensor's Python object holds its TensorImpl pointer (THPVariable's `cdata`: right after
-    the object header, or after MaybeOwned's flag in older torch), confirmed on several tensors."""
-    probes = [torch.empty(2, 3), torch.nn.Parameter(torch.empty(3)), torch.empty(4, 5)[1:, ::2]]
-    for offset in (16, 24):
-        if all(ctypes.c_void_p.from_address(id(t) + offset).value == t._cdata for t in probes):
-            return offset
-    return None
+    return _HELPER.get(wait) or ()
 
 
 def spec(t, dynamic=()):
