@@ -25,8 +25,6 @@ import ctypes
 
 import torch
 
-from kiln.compiler import torch_native
-
 # the exact types whose facts Python reads with torch's own getters (no Python override)
 PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -36,7 +34,7 @@ def _make(lib, offset):
     return make(offset, 0), make(offset, 1)
 
 
-_HELPER = torch_native.Helper("tensor_checks", _make)  # (its C++ is torch_native's _TENSOR_CHECKS)
+_HELPER = None  # torch_native.Helper, made on first use (`import kiln` loads no kiln.compiler)
 
 
 def _helper(wait=False):
@@ -45,6 +43,10 @@ def _helper(wait=False):
     A helper already built (on disk) loads at once; one that is not is built in a thread (a second
     or so of g++), so a cold first compile does not wait for it: entries compiled meanwhile keep
     Python lines. `wait`: wait for that build (tests)."""
+    global _HELPER
+    if _HELPER is None:
+        from kiln.compiler import torch_native  # (its C++ is torch_native's _TENSOR_CHECKS)
+        _HELPER = torch_native.Helper("tensor_checks", _make)
     return _HELPER.get(wait) or ()
 
 
