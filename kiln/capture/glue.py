@@ -12,7 +12,7 @@ import types
 
 import torch
 
-from kiln.capture import interpreter as interp
+from kiln.capture import data_dicts, interpreter as interp
 from kiln.capture import resume
 from kiln.capture.sources import CodeContext
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
@@ -211,8 +211,7 @@ class Glue:
                 return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
             return body if var.cls is set else f"frozenset({body})"
         if isinstance(var, DataDictVariable):
-            args = ", ".join(f"{k}={self.value(v)}" for k, v in var.fields.items())
-            return f"{self.const(var.cls, 'CLS')}({args})"
+            return self._data_dict(var)
         if isinstance(var, DictVariable):
             body = "{" + ", ".join(f"{self.value(key_var(k))}: {self.value(v)}" for k, v in var.items.items()) + "}"
             if var.cls is dict:
@@ -310,6 +309,23 @@ class Glue:
         if isinstance(var, FilterIterator):
             return f"filter({self.value(var.fn)}, {self.value(var.iterator)})"
         return f"enumerate({self.value(var.iterator)}, {var.count})"
+
+    def _data_dict(self, var):
+        """A ModelOutput made in the frame: its state restored (data_dicts: its items as the frame left
+        them, its fields as attributes), or its class called again where the class is not shown to make
+        just that state."""
+        fields = var.fields  # (the dataclass fields in order, then keys the frame set that are none)
+        none = {k for k, v in fields.items() if isinstance(v, ConstantVariable) and v.value is None}
+        names = list(fields)
+        # (all fields but the first None and the first no tensor: __post_init__ reads it as a mapping)
+        first_alone = not set(names[1:]) - none and not isinstance(fields[names[0]], TensorVariable)
+        if all(type(k) is str and fields.get(k) is v for k, v in var.items.items()) and not first_alone \
+                and all(type(k) is str for k in names) and data_dicts.restorable(var.cls, none):
+            items = "".join(f"({k!r}, {self.value(v)}), " for k, v in var.items.items())
+            attrs = ", ".join(f"{k!r}: {self.value(v)}" for k, v in fields.items())
+            return f"{self.const(data_dicts.restore, 'RESTORE')}({self.const(var.cls, 'CLS')}, ({items}), {{{attrs}}})"
+        args = ", ".join(f"{k}={self.value(v)}" for k, v in fields.items())
+        return f"{self.const(var.cls, 'CLS')}({args})"
 
     def _set_attributes(self, name, attrs, instance_dict):
         """After all values exist: set the attributes `attrs` (name -> Variable) of the object `name`,

@@ -48,16 +48,28 @@ class Stale(Exception):
 def code_fingerprint(code):
     """sha256 of what a code object does: bytecode, constants (nested code by fingerprint), names,
     variables, closure layout, flags, exception table. Not its file or line numbers."""
-    found = _CODE_PRINTS.get(code)
-    if found is None:
-        parts = [code.co_code.hex(), code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
-                 code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
-                 code.co_qualname, code.co_exceptiontable.hex(), [_const_key(c) for c in code.co_consts]]
-        found = _CODE_PRINTS[code] = _sha(parts)
-    return found
+    found = _CODE_PRINTS.get(id(code))
+    if found is not None and found[0]() is code:
+        return found[1]
+    parts = [code.co_code.hex(), code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+             code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
+             code.co_qualname, code.co_exceptiontable.hex(), [_const_key(c) for c in code.co_consts]]
+    fingerprint = _sha(parts)
+    key = id(code)
+    _CODE_PRINTS[key] = (weakref.ref(code, lambda _, key=key: _forget_print(key)), fingerprint)
+    return fingerprint
 
 
-_CODE_PRINTS = weakref.WeakKeyDictionary()  # code -> fingerprint (code objects never change)
+# id(code) -> (weak reference to code, its fingerprint). A stored entry's guards call code_fingerprint
+# on every call (a loaded entry checks code by fingerprint): a dict by id and a weak reference's call
+# cost ~0.1 us where WeakKeyDictionary.get, a Python method that makes a weak reference, cost ~1 us.
+_CODE_PRINTS = {}
+
+
+def _forget_print(key):
+    found = _CODE_PRINTS.get(key)
+    if found is not None and found[0]() is None:  # (not a newer code object that took the same id)
+        del _CODE_PRINTS[key]
 
 
 def _const_key(c):

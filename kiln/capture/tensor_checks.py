@@ -12,122 +12,29 @@ check would. It is used only where that holds for sure:
 - tensors whose type is exactly torch.Tensor or nn.Parameter (a subclass may override a getter in
   Python) and whose layout is strided (`stride()` raises for others; the helper fails them);
 - when this torch's header compiles, and the offset of the TensorImpl pointer in a tensor's Python
-  object is found and confirmed against `Tensor._cdata` (`_find_impl_offset`), and the facts the
+  object is found and confirmed against `Tensor._cdata` (torch_native.impl_offset), and the facts the
   helper reads of the tensor at capture equal what Python reads of it (`spec`). Otherwise a guard
   stays a Python line.
-The helper is built once per cache directory (build.load_library: keyed by this source, which names
-the torch version its header came from), in a thread so that no compile waits for it (`_helper`);
+The helper is a part of the one library torch_native builds once per cache directory (keyed by its
+source, which names the torch version its header came from), in a thread so that no compile waits
+for it (`_helper`);
 `check_all` is this module's attribute, so a guard text stored on disk (capture_cache) finds it by
 name (an entry stored with native checks is refused, and recompiled, where the helper is not loaded).
 """
 import ctypes
-import os
-import sysconfig
-import threading
 
 import torch
-
-from kiln.debug.logs import log
 
 # the exact types whose facts Python reads with torch's own getters (no Python override)
 PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
-_SOURCE = r"""
-// kiln tensor guards, built against torch TORCH_VERSION
-#include <Python.h>
-#include <c10/core/TensorImpl.h>
 
-static Py_ssize_t impl_offset = -1;
+def _make(lib, offset):
+    make = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_ssize_t, ctypes.c_int)(("kiln_tensor_checks", lib))
+    return make(offset, 0), make(offset, 1)
 
-static c10::TensorImpl* impl_of(PyObject* o) {
-  return *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(o) + impl_offset);
-}
 
-static PyObject* int_tuple(c10::IntArrayRef values) {
-  PyObject* t = PyTuple_New((Py_ssize_t)values.size());
-  if (!t) return nullptr;
-  for (size_t i = 0; i < values.size(); ++i) PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(values[i]));
-  return t;
-}
-
-static bool same_ints(PyObject* expected, c10::IntArrayRef values) {
-  Py_ssize_t n = PyTuple_GET_SIZE(expected);
-  if (n != (Py_ssize_t)values.size()) return false;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* e = PyTuple_GET_ITEM(expected, i);
-    if (e == Py_None) continue;  // a dynamic dim: its size is checked by the shape guards
-    if (PyLong_AsLongLong(e) != values[i]) return false;
-  }
-  return true;
-}
-
-// spec: (type, scalar type, device type, device index or None, requires_grad, sizes, strides or None,
-//        contiguous or None); sizes hold None for dynamic dims
-static bool matches(PyObject* o, PyObject* spec) {
-  if ((PyObject*)Py_TYPE(o) != PyTuple_GET_ITEM(spec, 0)) return false;
-  c10::TensorImpl* t = impl_of(o);
-  if (t == nullptr || t->layout() != c10::kStrided) return false;
-  if ((long)t->dtype().toScalarType() != PyLong_AsLong(PyTuple_GET_ITEM(spec, 1))) return false;
-  c10::Device device = t->device();
-  if ((long)device.type() != PyLong_AsLong(PyTuple_GET_ITEM(spec, 2))) return false;
-  PyObject* index = PyTuple_GET_ITEM(spec, 3);  // None on CPU: `t.is_cpu` is the check there
-  if (index != Py_None && (long)device.index() != PyLong_AsLong(index)) return false;
-  if (t->requires_grad() != (PyTuple_GET_ITEM(spec, 4) == Py_True)) return false;
-  if (!same_ints(PyTuple_GET_ITEM(spec, 5), t->sizes())) return false;
-  PyObject* strides = PyTuple_GET_ITEM(spec, 6);
-  if (strides != Py_None && !same_ints(strides, t->strides())) return false;
-  PyObject* contiguous = PyTuple_GET_ITEM(spec, 7);
-  if (contiguous != Py_None && t->is_contiguous() != (contiguous == Py_True)) return false;
-  return true;
-}
-
-// check_all(tensors, specs) -> bool: every tensor matches its spec
-static PyObject* check_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
-      PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "check_all(tensors, specs): two tuples of one length");
-    return nullptr;
-  }
-  try {
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(args[0]); i < n; ++i)
-      if (!matches(PyTuple_GET_ITEM(args[0], i), PyTuple_GET_ITEM(args[1], i))) Py_RETURN_FALSE;
-  } catch (...) {  // a getter that throws (symbolic sizes) fails the guard, as in Python
-    Py_RETURN_FALSE;
-  }
-  Py_RETURN_TRUE;
-}
-
-// facts(tensor) -> (scalar type, device type, device index, requires_grad, sizes, strides, contiguous)
-static PyObject* facts(PyObject*, PyObject* o) {
-  try {
-    c10::TensorImpl* t = impl_of(o);
-    if (t == nullptr || t->layout() != c10::kStrided) Py_RETURN_NONE;
-    c10::Device device = t->device();
-    return Py_BuildValue("(iiiNNNN)", (int)t->dtype().toScalarType(), (int)device.type(), (int)device.index(),
-                         PyBool_FromLong(t->requires_grad()), int_tuple(t->sizes()), int_tuple(t->strides()),
-                         PyBool_FromLong(t->is_contiguous()));
-  } catch (...) {
-    Py_RETURN_NONE;
-  }
-}
-
-static PyMethodDef methods[] = {
-  {"check_all", (PyCFunction)(void (*)(void))check_all, METH_FASTCALL, "every tensor matches its spec"},
-  {"facts", facts, METH_O, "what check_all reads of a tensor"},
-};
-
-extern "C" PyObject* kiln_tensor_checks(Py_ssize_t offset, int which) {
-  impl_offset = offset;
-  PyObject* name = PyUnicode_FromString("kiln.capture.tensor_checks");
-  PyObject* fn = PyCFunction_NewEx(&methods[which], nullptr, name);
-  Py_XDECREF(name);
-  return fn;
-}
-"""
-
-_loaded = None  # (check_all, facts) once loaded; () where the helper cannot be used
-_building = None  # the thread building it
-_lock = threading.Lock()
+_HELPER = None  # torch_native.Helper, made on first use (`import kiln` loads no kiln.compiler)
 
 
 def _helper(wait=False):
@@ -136,59 +43,11 @@ def _helper(wait=False):
     A helper already built (on disk) loads at once; one that is not is built in a thread (a second
     or so of g++), so a cold first compile does not wait for it: entries compiled meanwhile keep
     Python lines. `wait`: wait for that build (tests)."""
-    global _loaded, _building
-    if _loaded is None:
-        with _lock:
-            if _loaded is None and _building is None:
-                _loaded = _load(build=False)
-                if _loaded is None:
-                    _building = threading.Thread(target=_build, name="kiln-tensor-checks", daemon=True)
-                    _building.start()
-    if wait and _building is not None:
-        _building.join()
-    return _loaded or ()
-
-
-def _build():
-    global _loaded
-    found = _load(build=True)
-    _loaded = () if found is None else found
-
-
-def _load(build):
-    """The helper's functions; None when it is not built yet (`build` False); () when it cannot be used."""
-    try:
-        offset = _find_impl_offset()
-        if offset is None:
-            log("perf_hints", "tensor guards stay Python lines (a tensor's TensorImpl pointer was not found)")
-            return ()
-        from kiln.compiler import build as builder
-        # torch's headers and libraries where its package keeps them (torch.utils.cpp_extension says the
-        # same, but importing it brings setuptools: ~80 ms on a warm start that never builds)
-        torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-        includes = [f"-I{os.path.join(torch_dir, 'include')}", f"-I{sysconfig.get_paths()['include']}"]
-        lib_dir = os.path.join(torch_dir, "lib")
-        # (libraries come before the source in build's command line: --no-as-needed keeps c10 linked)
-        flags = ("-w", *includes, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-Wl,--no-as-needed", "-lc10")
-        lib = builder.load_library(_SOURCE.replace("TORCH_VERSION", torch.__version__), name_hint="tensor_checks",
-                                   extra_flags=flags, build=build)
-        if lib is None:
-            return None
-        make = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_ssize_t, ctypes.c_int)(("kiln_tensor_checks", lib))
-        return make(offset, 0), make(offset, 1)
-    except Exception as e:  # no compiler, a header that does not compile: Python guards
-        log("perf_hints", "tensor guards stay Python lines (native helper unavailable: %s)", e)
-        return ()
-
-
-def _find_impl_offset():
-    """Where a tensor's Python object holds its TensorImpl pointer (THPVariable's `cdata`: right after
-    the object header, or after MaybeOwned's flag in older torch), confirmed on several tensors."""
-    probes = [torch.empty(2, 3), torch.nn.Parameter(torch.empty(3)), torch.empty(4, 5)[1:, ::2]]
-    for offset in (16, 24):
-        if all(ctypes.c_void_p.from_address(id(t) + offset).value == t._cdata for t in probes):
-            return offset
-    return None
+    global _HELPER
+    if _HELPER is None:
+        from kiln.compiler import torch_native  # (its C++ is torch_native's _TENSOR_CHECKS)
+        _HELPER = torch_native.Helper("tensor_checks", _make)
+    return _HELPER.get(wait) or ()
 
 
 def spec(t, dynamic=()):

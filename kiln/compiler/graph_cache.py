@@ -38,7 +38,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from kiln import sources_digest
-from kiln.compiler import build
+from kiln.compiler import build, native_calls
 from kiln.debug.logs import log
 
 FORMAT = 2  # 2: runner metadata holds output_views
@@ -384,8 +384,8 @@ def describe_compiled(flat_fn, module_tensors, storages):
         value = flat_fn.__globals__[name]
         desc = _describe_value(value, name, module_tensors, storages)
         _check_round_trip(desc, value, name)
-        if desc[0] == "entry":
-            library = _same_library(library, value, name)
+        if desc[0] in ("entry", "native_entry"):
+            library = _same_library(library, native_calls.entry_of(value) or value, name)
         described[name] = desc
     return {
         "library": library,
@@ -419,6 +419,8 @@ def input_storages(gm, example_inputs):
 def _describe_value(value, name, module_tensors, storages):
     if isinstance(value, torch.Tensor):
         return _describe_tensor(value, name, module_tensors, storages)
+    if (entry := native_calls.entry_of(value)) is not None:  # a native caller: its entry, made again on load
+        return ["native_entry", *_describe_value(entry, name, module_tensors, storages)[1:]]
     if isinstance(value, ctypes._CFuncPtr):
         if value.restype is not None or not all(t in (ctypes.c_void_p, ctypes.c_int64) for t in value.argtypes or ()):
             raise Uncacheable(f"native entry {name} has a signature the cache does not know")
@@ -445,7 +447,7 @@ def _describe_value(value, name, module_tensors, storages):
 
 def _check_round_trip(desc, value, name):
     """A described global must load back as the very object (or an equal value) the wrapper holds."""
-    if desc[0] in ("module_tensor", "tensor", "entry"):
+    if desc[0] in ("module_tensor", "tensor", "entry", "native_entry"):
         return  # resolved against the module / checked by library_recipe / saved by value
     try:
         back = _rebuild(desc, None, None)
@@ -543,11 +545,16 @@ def _rebuild(desc, gm, lib):
         return operator.attrgetter(rest[0])(gm)
     if kind == "tensor":
         return torch.load(io.BytesIO(base64.b64decode(rest[0])), weights_only=True)
-    if kind == "entry":
+    if kind in ("entry", "native_entry"):
         fn = getattr(lib, rest[0])
         fn.argtypes = [getattr(ctypes, t) for t in rest[1]]
         fn.restype = None
-        return fn
+        if kind == "entry":
+            return fn
+        native = native_calls.caller(fn, len(fn.argtypes))
+        if native is None:  # (the wrapper passes tensors: it needs the native caller)
+            raise LookupError(f"native entry calls are not available here for {rest[0]}")
+        return native
     if kind == "module":
         return importlib.import_module(rest[0])
     if kind == "torch":

@@ -216,13 +216,13 @@ def _needs_own_layout(program):
     return used
 
 
-def raise_failed_check(src, sites):
+def raise_failed_check(src, sites, err="err"):
     """After an entry returns: raise the error of the check that failed, if one did (its code is in
     err[0], the index and bound it saw in err[1:]); see codegen/cpp_memory."""
-    src.line("if err[0]:")
+    src.line(f"if {err}[0]:")
     for site in sites:
         error = src.constant(site.error, "error")
-        src.line(f"if err[0] == {site.code}: raise {error}({site.message!r}.format(index=err[1], bound=err[2]))", 2)
+        src.line(f"if {err}[0] == {site.code}: raise {error}({site.message!r}.format(index={err}[1], bound={err}[2]))", 2)
 
 
 def _bind_symbols(src, symbols):
@@ -258,8 +258,11 @@ def pyexpr(e):
 
 
 def _view(name, layout):
+    offset = sympy.sympify(layout.offset)
+    if offset == 0:  # as_strided keeps the tensor's own storage offset when given none (a call less)
+        return f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)})"
     return (f"{name}.as_strided({_ints(layout.sizes)}, {_ints(layout.strides)}, "
-            f"{name}.storage_offset() + {pyexpr(sympy.sympify(layout.offset))})")
+            f"{name}.storage_offset() + {pyexpr(offset)})")
 
 
 def _extern(src, call, buffers, kernel_read, views):

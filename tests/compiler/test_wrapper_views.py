@@ -121,3 +121,35 @@ def test_a_view_through_aten_gets_the_strides_eager_gave_its_argument():
     a = torch.randn(9, 1024, dtype=torch.float64)
     for got, want in zip(compiled(a), f(a)):
         torch.testing.assert_close(got, want)
+
+
+def test_a_view_at_the_start_of_its_buffer_keeps_its_offset_without_reading_it():
+    def f(x, w):
+        y = F.gelu(x)  # y is returned, so the matmul reads it through a view: at offset 0
+        return y, y.transpose(0, 1).reshape(16, 16) @ w
+    c = check(f, torch.randn(16, 16), torch.randn(16, 16))
+    assert "as_strided" in c.kiln_wrapper and "storage_offset()" not in c.kiln_wrapper, c.kiln_wrapper
+
+
+def test_checked_kernels_of_one_call_share_one_error_slot():
+    table = torch.randn(10, 16)
+
+    def f(i, j, w):
+        a = F.embedding(i, table) @ w  # a checked kernel, a matmul, then a second checked kernel
+        return F.embedding(j, table) + a
+    w = torch.randn(16, 16)
+    good, bad = torch.tensor([1, 2]), torch.tensor([3, 12])
+    c = check(f, good, good.flip(0), w)
+    assert c.kiln_wrapper.count("cpu_err = ") == 1 and c.kiln_wrapper.count("cpu_err_ptr)") == 2, c.kiln_wrapper
+    for i, j in ((good, bad), (bad, good)):  # either kernel's failure raises as eager does
+        try:
+            f(i, j, w)
+        except IndexError as e:
+            expected = type(e)
+        try:
+            c(i, j, w)
+        except expected:
+            pass
+        else:
+            raise AssertionError("no error")
+    torch.testing.assert_close(c(good, good, w), f(good, good, w))

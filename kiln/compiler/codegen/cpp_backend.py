@@ -1,7 +1,9 @@
 """The C++/OpenMP kernel backend: kernels on CPU memory, one translation unit per graph (codegen/cpp),
-built and loaded with ctypes (build.py), each entry called from the wrapper with data pointers."""
+built and loaded with ctypes (build.py), each entry called from the wrapper with its tensors
+(native_calls) or their data pointers (ctypes)."""
 import ctypes
 
+from kiln.compiler import native_calls
 from kiln.compiler.codegen.kernel_backend import CompiledKernels, KernelBackend
 
 
@@ -25,18 +27,24 @@ class CppBackend(KernelBackend):
 
 
 def _emit_call(src, lib, entry, float_names):
-    """One ctypes call of a native entry: pointers, the workspace, size symbols, the error slot."""
+    """One call of a native entry: its tensors, the workspace, size symbols, the error slot. Through a
+    native caller (native_calls: it reads the tensors' data pointers itself) where the helper is
+    loaded and no size is a float, else through ctypes with each tensor's data_ptr()."""
     from kiln.compiler.wrapper import raise_failed_check
     fn = getattr(lib, entry.name)
     fn.argtypes = ([ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
                    + [ctypes.c_double if name in float_names else ctypes.c_int64 for name in entry.sizes]
                    + [ctypes.c_void_p] * bool(entry.checks))
     fn.restype = None
-    call_args = ([f"{a}.data_ptr()" for a in entry.args] + (["ws_ptr"] if entry.uses_workspace else [])
-                 + list(entry.sizes))
+    native = None if any(name in float_names for name in entry.sizes) else native_calls.caller(fn, len(fn.argtypes))
+    tensors = list(entry.args) if native is not None else [f"{a}.data_ptr()" for a in entry.args]
+    call_args = tensors + (["ws_ptr"] if entry.uses_workspace else []) + list(entry.sizes)
     if entry.checks:  # a failed check in the kernels reports (code, index, bound) here
-        src.line("err = (ctypes.c_int64 * 3)()")
-        call_args.append("ctypes.addressof(err)")
-    src.line(f"{src.constant(fn, 'entry')}({', '.join(call_args)})")
+        if not getattr(src, "cpu_err_made", False):  # one slot per call: a kernel writes it only to raise
+            src.cpu_err_made = True
+            src.line("cpu_err = (ctypes.c_int64 * 3)()")
+            src.line("cpu_err_ptr = ctypes.addressof(cpu_err)")
+        call_args.append("cpu_err_ptr")
+    src.line(f"{src.constant(fn if native is None else native, 'entry')}({', '.join(call_args)})")
     if entry.checks:
-        raise_failed_check(src, entry.checks)
+        raise_failed_check(src, entry.checks, "cpu_err")
