@@ -149,6 +149,26 @@ def _gelu_backward(grad, a, approximate="none"):
     return grad * (cdf + a * pdf)
 
 
+def _constant_pad_nd(x, pad, value=0):
+    """constant_pad_nd with sizes or pads that are symbolic: ATen's own kernel (what tracing runs,
+    and what the backward of a pad is: the same pad negated) reads them as plain ints and fails.
+    Negative pads become narrows (slices take symbolic bounds), the rest a pad of non-negative
+    amounts (which tracing runs as is, and kiln lowers); plain ints keep the op whole."""
+    if not any(isinstance(v, torch.SymInt) for v in (*pad, *x.shape)) or not any(p < 0 for p in pad):
+        return NotImplemented
+    rest = []
+    for k, (before, after) in enumerate(zip(pad[::2], pad[1::2])):
+        dim = x.ndim - 1 - k
+        if before < 0:
+            x = x.narrow(dim, -before, x.shape[dim] + before)
+        if after < 0:
+            x = x.narrow(dim, 0, x.shape[dim] + after)
+        rest += [before if before >= 0 else 0, after if after >= 0 else 0]
+    if all(isinstance(v, int) and v == 0 for v in rest):
+        return x.clone()
+    return aten.constant_pad_nd.default(x, rest, value)
+
+
 @functools.lru_cache(maxsize=2)
 def _table(fallback_random):
     table = dict(core_aten_decompositions().items())
@@ -157,6 +177,7 @@ def _table(fallback_random):
     table[aten.embedding.default] = _embedding
     table[aten.pow.Tensor_Scalar] = _pow_bool
     table[aten.gelu.default] = _gelu
+    table[aten.constant_pad_nd.default] = _constant_pad_nd
     table[aten._batch_norm_no_update.default] = _batch_norm_no_update
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_legit_no_training
     for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default):

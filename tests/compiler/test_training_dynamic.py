@@ -63,3 +63,18 @@ def test_a_saved_clone_of_a_transposed_view_keeps_its_layout():
         (compiled(*mine) * weight).sum().backward()
         for a, b in zip(mine, eager):
             torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_a_pad_by_a_symbolic_amount_trains():
+    """The backward of a pad is a pad by negative amounts: under dynamic sizes it is traced as
+    slices (ATen's kernel takes plain ints), and the gradients are eager's."""
+    def f(x):
+        pad = (-(x.shape[1] + 1)) % 8  # as Hugging Face LongT5 pads to a multiple of its block
+        return F.pad(x, (1, pad)).reshape(x.shape[0], -1, 8).sum(-1)
+    compiled = kiln.compile(f, dynamic=True)
+    for length in (8, 13, 9):
+        x = torch.randn(2, length, requires_grad=True)
+        mine = x.detach().clone().requires_grad_()
+        (f(x) ** 2).sum().backward()
+        (compiled(mine) ** 2).sum().backward()
+        torch.testing.assert_close(mine.grad, x.grad)
