@@ -23,7 +23,7 @@ from kiln.capture.variables import (NULL, AutocastVariable, Variable, BaseIterat
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
                                     ListVariable, NativeBlockVariable,
                                     NullVariable, ObjectVariable, RealCell, SliceVariable, SymNodeVariable,
-                                    TensorVariable, TupleVariable, const)
+                                    TensorVariable, TupleVariable, const, stop_iteration_error)
 from kiln.exc import Unsupported
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
@@ -542,7 +542,7 @@ class Frame:
         elif kind == "INTRINSIC_STOPITERATION_ERROR":  # a generator's body raised: StopIteration becomes RuntimeError
             exc = getattr(value, "value", None)
             if isinstance(exc, StopIteration):
-                exc = RuntimeError("generator raised StopIteration")
+                exc = stop_iteration_error(exc)
             self.push(ObjectVariable(exc) if isinstance(exc, BaseException) else value)
         else:
             raise Unsupported(f"{kind} is not supported (CALL_INTRINSIC_1)")

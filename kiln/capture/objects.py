@@ -427,8 +427,8 @@ def apply_operator(frame, op, args):
     if all(isinstance(a, ConstantVariable) for a in args):
         try:
             return result_var(og, op(*(a.value for a in args)))
-        except Exception as e:
-            raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
+        except Exception as e:  # (1 // 0, "a" + 1, ...): the program's own exception, which it may catch
+            raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}", python_exception=e) from e
     a = args[0]
     if isinstance(a, (ListVariable, TupleVariable)) and \
             (own := python_special(frame, a, _DUNDERS.get(op))) is not None:  # a NamedTuple's __add__
@@ -491,10 +491,19 @@ def apply_operator(frame, op, args):
         if not _python_dunder(type(a.value), name or "__eq__"):
             try:
                 return result_var(og, op(*(x.value for x in args)))
-            except Exception as e:
-                raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
+            except Exception as e:  # run natively on the real objects: the exception eager code raises
+                raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}", python_exception=e) from e
     raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
 
+
+
+def _sequence_index_error(seq, e):
+    """The exception CPython raises for `seq[k]`, from the one the Python list holding a list's or
+    tuple's items raised: same type, with the message naming the sequence's own kind."""
+    kind = "list" if isinstance(seq, ListVariable) else "tuple"
+    if isinstance(e, IndexError):
+        return IndexError(f"{kind} index out of range")
+    return TypeError(str(e).replace("list indices", f"{kind} indices", 1))
 
 def _sequences_equal(frame, a, b):
     """list/tuple ==, as CPython compares them: same kind and length, then item by item, an item
@@ -628,7 +637,8 @@ def getitem(frame, obj, key, builtin=False):
         try:
             return obj.items[k]
         except (IndexError, TypeError) as e:
-            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}",
+                              python_exception=_sequence_index_error(obj, e)) from e
     if isinstance(obj, DataDictVariable) and not isinstance(const_value(key, "index"), str):
         return getitem(frame, make_tuple(list(obj.items.values())), key)  # ModelOutput: to_tuple()[i]
     if isinstance(obj, DictVariable):
@@ -648,8 +658,8 @@ def getitem(frame, obj, key, builtin=False):
     if isinstance(obj, ConstantVariable):
         try:
             return result_var(og, obj.value[const_value(key, "index")])
-        except Exception as e:
-            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+        except Exception as e:  # indexed natively: the exception eager code raises ("abc"[5])
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}", python_exception=e) from e
     if isinstance(obj, ObjectVariable) and isinstance(obj.value, torch.nn.Module):
         mod = obj.value
         k = const_value(key, "module index")

@@ -1,0 +1,152 @@
+"""Exceptions the captured program raises itself, as CPython raises them: an operator on Python
+values that fails (1 // 0, "a" + 1), a sequence indexed past its end, and PEP 479's RuntimeError
+for a StopIteration leaving a generator's body. The program may catch them inside the compiled
+frame (one graph), or they leave it exactly as eager code's would. Each runs eagerly and compiled."""
+import pytest
+import torch
+
+import kiln
+from tests.utils import check_graphs
+
+
+def t(*shape):
+    return torch.randn(*shape)
+
+
+# ---- an operator on Python values raising ------------------------------------------------------
+def divide_caught(x, d):
+    try:
+        q = 10 // d
+    except ZeroDivisionError as e:
+        return x - 1, str(e)
+    return x + q, ""
+
+
+def mixed_types_caught(x):
+    try:
+        s = "a" + 1
+    except TypeError as e:
+        return x * 2, type(e).__name__
+    return x, s
+
+
+def raised_in_callee(x):
+    def ratio():
+        return 1 // 0
+
+    try:
+        return x + ratio()
+    except ArithmeticError:
+        return x - 5
+
+
+@pytest.mark.parametrize("fn,args", [
+    (divide_caught, (t(3), 0)),
+    (divide_caught, (t(3), 4)),
+    (mixed_types_caught, (t(3),)),
+    (raised_in_callee, (t(3),)),
+])
+def test_an_operator_error_on_python_values_is_caught_in_one_graph(fn, args):
+    check_graphs(fn, *args, graphs=1, fullgraph=True)
+
+
+def test_an_operator_error_nobody_catches_leaves_as_eager_raises_it():
+    def fn(x, d):
+        return x + 1 // d
+
+    compiled = kiln.compile(fn, backend="eager")
+    with pytest.raises(ZeroDivisionError):
+        fn(t(2), 0)
+    with pytest.raises(ZeroDivisionError):
+        compiled(t(2), 0)
+
+
+def test_a_generator_whose_body_raises_is_finished_as_in_cpython():
+    def fn(x):
+        def gen():
+            yield 1 // 0
+            yield 42
+
+        g = gen()
+        try:
+            next(g)
+        except ZeroDivisionError:
+            x = x + 1
+        try:
+            next(g)  # the generator died with its exception: now exhausted
+        except StopIteration:
+            x = x + 10
+        return x
+
+    check_graphs(fn, t(2), graphs=1, fullgraph=True)
+
+
+# ---- indexing past the end ---------------------------------------------------------------------
+def index_caught(x, seq):
+    try:
+        return x + seq[5], ""
+    except IndexError as e:
+        return x - 1, str(e)
+
+
+@pytest.mark.parametrize("seq", [(1, 2), [1, 2], "ab"])
+def test_indexing_past_the_end_raises_the_sequences_own_index_error(seq):
+    check_graphs(index_caught, t(2), seq, graphs=1, fullgraph=True)
+
+
+# ---- PEP 479 ------------------------------------------------------------------------------------
+def stop_in_body(x):
+    def gen():
+        yield x + 1
+        raise StopIteration("boom")
+
+    g = gen()
+    first = next(g)
+    try:
+        next(g)
+    except RuntimeError as e:
+        return first + 1.0, str(e), type(e.__cause__).__name__, type(e.__context__).__name__
+    except StopIteration:
+        return first + 2.0, "", "", ""
+    return first, "", "", ""
+
+
+def inner_next_leaks(x):
+    def inner():
+        yield x + 1
+
+    def outer():
+        it = inner()
+        while True:
+            yield next(it)  # StopIteration from the exhausted inner generator
+
+    g = outer()
+    first = next(g)
+    try:
+        next(g)
+    except RuntimeError:
+        return first * 3
+    except StopIteration:
+        return first * 5
+    return first
+
+
+def thrown_stop(x):
+    def gen():
+        yield x
+
+    g = gen()
+    next(g)
+    try:
+        g.throw(StopIteration("sent in"))
+    except RuntimeError as e:
+        return x + 7, str(e)
+    except StopIteration:
+        return x - 7, ""
+    return x, ""
+
+
+@pytest.mark.parametrize("fn", [stop_in_body, inner_next_leaks, thrown_stop])
+def test_a_stop_iteration_leaving_a_generator_body_becomes_runtime_error(fn):
+    # (before: compiled code took the StopIteration for the generator's end and returned x + 2)
+    check_graphs(fn, t(2), graphs=1, fullgraph=True)
