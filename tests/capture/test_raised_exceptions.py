@@ -89,7 +89,9 @@ def index_caught(x, seq):
         return x - 1, str(e)
 
 
-@pytest.mark.parametrize("seq", [(1, 2), [1, 2], "ab"])
+@pytest.mark.parametrize("seq", [
+    pytest.param((1, 2), marks=pytest.mark.torch_differs("torch.compile says 'list index out of range'")),
+    [1, 2], "ab"])
 def test_indexing_past_the_end_raises_the_sequences_own_index_error(seq):
     check_graphs(index_caught, t(2), seq, graphs=1, fullgraph=True)
 
@@ -146,6 +148,7 @@ def thrown_stop(x):
     return x, ""
 
 
+@pytest.mark.torch_differs("torch.compile 2.13 on CPython 3.11 lets the StopIteration through")
 @pytest.mark.parametrize("fn", [stop_in_body, inner_next_leaks, thrown_stop])
 def test_a_stop_iteration_leaving_a_generator_body_becomes_runtime_error(fn):
     # (before: compiled code took the StopIteration for the generator's end and returned x + 2)
