@@ -1030,6 +1030,10 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, ObjectVariable):
         if name == "__dict__" and _has_plain_instance_dict(obj):
             return instance_dict(frame, obj)
+        if name == "__traceback__" and obj.source is None and isinstance(obj.value, BaseException):
+            # capture raises without frames: the traceback eager code sees (not None, its frames and
+            # lines) does not exist here, and answering None would take the wrong branch
+            raise Unsupported("the traceback of an exception raised during capture")
         stored = og.side_effects.load_attr(obj.value, name)
         if stored is og.side_effects.DELETED:
             raise Unsupported(f"AttributeError: {name} was deleted", python_exception=AttributeError(name))
@@ -1452,7 +1456,28 @@ def setattr_var(frame, obj, name, value):
             return
         og.side_effects.store_attr(obj, name, value)
         return
+    if _made_exception(obj) and not _python_dunder(type(obj.value), "__setattr__") and \
+            isinstance(value, (ConstantVariable, ObjectVariable)):
+        _set_exception_attr(obj.value, name, value.value)
+        return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)}")
+
+
+def _made_exception(obj):
+    """An exception object made during this capture (it exists nowhere else yet: the glue hands a
+    fresh copy of it to each call), which capture may therefore change natively."""
+    return isinstance(obj, ObjectVariable) and obj.source is None and isinstance(obj.value, BaseException)
+
+
+def _set_exception_attr(exc, name, value):
+    """`exc.name = value` run natively, as eager code would: __cause__/__context__ check their value
+    (TypeError), `args` becomes a tuple, anything else lands in the exception's __dict__."""
+    if name == "__traceback__":
+        raise Unsupported("setting the traceback of an exception raised during capture")
+    try:
+        setattr(exc, name, value)
+    except (TypeError, AttributeError) as e:
+        raise Unsupported(f"setting {name} on an exception raised {type(e).__name__}: {e}", python_exception=e) from e
 
 
 # ---- calls --------------------------------------------------------------------------------------
