@@ -1,0 +1,66 @@
+"""`sys.exc_info()` and `sys.exception()` during capture: the exception being handled.
+
+CPython answers with the exception the innermost frame that is handling one handles, searching
+outwards through its callers. Capture knows that for the frames it runs (each frame's exc_info,
+set by PUSH_EXC_INFO, cleared by POP_EXCEPT). Past the compiled function's own frame, its caller may
+be handling an exception too: capture answers "none" there and guards that the caller handles none
+when the compiled code runs (else it recompiles).
+"""
+import sys
+import types
+
+from kiln.capture.python_builtins import BUILTIN_HANDLERS
+from kiln.capture.variables import ConstantVariable, HandlerVariable, ObjectVariable, TupleVariable, const
+from kiln.exc import Unsupported
+
+
+class UnknownTraceback(HandlerVariable):
+    """The traceback of an exception raised during capture: there is one in eager code (so it is not
+    None), but capture raises without frames, so any use of it stops the capture."""
+
+    def python_type(self):
+        return types.TracebackType
+
+
+def _handled(frame):
+    """The Variable of the exception the innermost handling frame handles, or None after guarding
+    that the compiled function's caller handles none."""
+    f = frame
+    while f is not None:
+        handled = getattr(f, "exc_info", None)
+        if handled is not None and isinstance(getattr(handled, "value", None), BaseException):
+            return handled
+        f = getattr(f, "parent", None)
+    if sys.exc_info()[0] is not None:  # the caller (or capture itself, retrying) is handling one now
+        raise Unsupported("sys.exc_info() where the compiled function's caller handles an exception")
+    guards = frame.og.guards
+    guards.add(None, f"{guards.const(sys.exc_info, 'EXCINFO')}()[0] is None",
+               "the compiled function's caller is handling no exception")
+    return None
+
+
+def _no_arguments(name, args, kwargs):
+    if args or kwargs:
+        e = TypeError(f"{name}() takes no arguments")
+        raise Unsupported(str(e), python_exception=e)
+
+
+def _exc_info(frame, args, kwargs):
+    _no_arguments("exc_info", args, kwargs)
+    handled = _handled(frame)
+    if handled is None:
+        return const((None, None, None))
+    exc = handled.value
+    tb = ObjectVariable(exc.__traceback__) if handled.source is not None else UnknownTraceback()
+    return TupleVariable([frame.og.wrap(type(exc), None, guard=False), handled, tb])
+
+
+def _exception(frame, args, kwargs):
+    _no_arguments("exception", args, kwargs)
+    handled = _handled(frame)
+    return handled if handled is not None else ConstantVariable(None)
+
+
+BUILTIN_HANDLERS[sys.exc_info] = _exc_info
+if hasattr(sys, "exception"):  # 3.11+
+    BUILTIN_HANDLERS[sys.exception] = _exception
