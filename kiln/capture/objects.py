@@ -1447,6 +1447,8 @@ def setattr_var(frame, obj, name, value):
                 raise Unsupported("replacing a submodule or parameter during capture")
         elif _python_dunder(type(value_obj), "__setattr__"):
             raise Unsupported("setattr on an object with its own __setattr__")
+        elif isinstance(value_obj, BaseException) and name in ("__cause__", "__context__"):
+            _check_exception_link(name, value)  # then written back after the graph, as any attribute
         elif inspect.getattr_static(type(value_obj), name, None) is not None and \
                 hasattr(type(inspect.getattr_static(type(value_obj), name)), "__set__"):
             raise Unsupported(f"setting descriptor attribute {name}")
@@ -1461,6 +1463,20 @@ def setattr_var(frame, obj, name, value):
         _set_exception_attr(obj.value, name, value.value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)}")
+
+
+def _check_exception_link(name, value):
+    """`exc.__cause__ = value` on an existing exception: CPython checks the value at once (TypeError,
+    which the program may catch); capture does too, before it defers the write to after the graph."""
+    if isinstance(value, ConstantVariable) and value.value is None:
+        return
+    if isinstance(value, ObjectVariable) and isinstance(value.value, BaseException):
+        return
+    if isinstance(value, ConstantVariable):
+        what = "cause" if name == "__cause__" else "context"
+        e = TypeError(f"exception {what} must be None or derive from BaseException")
+        raise Unsupported(str(e), python_exception=e)
+    raise Unsupported(f"setting {name} of an exception to {describe(value)}")
 
 
 def _made_exception(obj):

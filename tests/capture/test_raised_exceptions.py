@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kiln
-from tests.utils import check_graphs
+from tests.utils import CompileCounter, check_graphs
 
 
 def t(*shape):
@@ -223,3 +223,37 @@ def test_reading_the_traceback_of_an_exception_raised_in_the_frame_is_never_answ
 def test_with_fullgraph_reading_such_a_traceback_is_a_clear_error():
     with pytest.raises(kiln.Unsupported, match="traceback"):
         kiln.compile(reads_traceback, backend="eager", fullgraph=True)(t(2))
+
+
+# ---- an existing exception's links --------------------------------------------------------------
+def link_input(x, err):
+    err.__cause__ = ValueError("why")
+    return x.sin()
+
+
+def test_setting_the_cause_of_an_existing_exception_is_written_back():
+    # (before: "setting descriptor attribute __cause__", a graph break)
+    counter = CompileCounter()
+    err, x = TypeError("abcd"), t(2)
+    out = kiln.compile(link_input, backend=counter, fullgraph=True)(x, err)
+    torch.testing.assert_close(out, x.sin())
+    assert type(err.__cause__) is ValueError and err.__cause__.args == ("why",) and err.__suppress_context__
+    assert counter.frame_count == 1
+
+
+def bad_link_input_caught(x, err):
+    try:
+        err.__context__ = 2
+    except TypeError as e:
+        return x - 1, str(e)
+    return x, ""
+
+
+@pytest.mark.torch_differs("torch.compile 2.13 lets the TypeError escape the frame's own try/except")
+def test_a_bad_context_for_an_existing_exception_raises_type_error_in_the_frame():
+    counter = CompileCounter()
+    err, x = TypeError("abcd"), t(2)
+    got = kiln.compile(bad_link_input_caught, backend=counter, fullgraph=True)(x, err)
+    want = bad_link_input_caught(x, TypeError("abcd"))
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] and err.__context__ is None and counter.frame_count == 1
