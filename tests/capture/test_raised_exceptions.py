@@ -257,3 +257,20 @@ def test_a_bad_context_for_an_existing_exception_raises_type_error_in_the_frame(
     want = bad_link_input_caught(x, TypeError("abcd"))
     torch.testing.assert_close(got[0], want[0])
     assert got[1] == want[1] and err.__context__ is None and counter.frame_count == 1
+
+
+# ---- builtins' own argument errors --------------------------------------------------------------
+def vars_errors(x):
+    caught = []
+    for call in (lambda: vars(42), lambda: vars(1, 2), lambda: vars(obj=x)):
+        try:
+            call()
+        except TypeError as e:
+            caught.append(str(e))
+    return x.sin(), caught
+
+
+@pytest.mark.torch_differs("torch.compile 2.13 words vars(1, 2)'s error its own way")
+def test_vars_raises_type_error_as_cpython():
+    # (before: vars(42) raised AttributeError in compiled code, which `except TypeError` missed)
+    check_graphs(vars_errors, t(2), graphs=1, fullgraph=True)
