@@ -23,20 +23,7 @@ class UnknownTraceback(HandlerVariable):
 
 
 def _handled(frame):
-    """The Variable of the exception the innermost handling frame handles, or None after guarding
-    that the compiled function's caller handles none."""
-    f = frame
-    while f is not None:
-        handled = getattr(f, "exc_info", None)
-        if handled is not None and isinstance(getattr(handled, "value", None), BaseException):
-            return handled
-        f = getattr(f, "parent", None)
-    if sys.exc_info()[0] is not None:  # the caller (or capture itself, retrying) is handling one now
-        raise Unsupported("sys.exc_info() where the compiled function's caller handles an exception")
-    guards = frame.og.guards
-    guards.add(None, f"{guards.const(sys.exc_info, 'EXCINFO')}()[0] is None",
-               "the compiled function's caller is handling no exception")
-    return None
+    return frame.handled_exception()
 
 
 def _no_arguments(name, args, kwargs):

@@ -9,6 +9,7 @@ import builtins
 import inspect
 import linecache
 import operator
+import sys
 
 import torch
 
@@ -835,6 +836,23 @@ class Frame:
     def LOAD_ASSERTION_ERROR(self, inst):
         self.push(ObjectVariable(AssertionError))
 
+    def handled_exception(self):
+        """The Variable of the exception being handled here as CPython sees it: this frame's, else
+        that of the nearest calling frame of the capture handling one. Past the compiled function's
+        own frame its caller may handle one: capture answers none and guards so (and refuses when the
+        caller handles one now, as it does then)."""
+        f = self
+        while f is not None:
+            if isinstance(getattr(f.exc_info, "value", None), BaseException):
+                return f.exc_info
+            f = f.parent
+        if sys.exc_info()[0] is not None:  # (the caller, or capture itself retrying, handles one now)
+            raise Unsupported("the exception the compiled function's caller is handling")
+        guards = self.og.guards
+        guards.add(None, f"{guards.const(sys.exc_info, 'EXCINFO')}()[0] is None",
+                   "the compiled function's caller is handling no exception")
+        return None
+
     def RAISE_VARARGS(self, inst):
         handled = getattr(self.exc_info, "value", None)
         if inst.arg == 0:  # bare `raise`: the exception being handled
@@ -852,9 +870,22 @@ class Frame:
                 value.__cause__ = cause_value  # also sets __suppress_context__, as `raise from` does
         if value is None:
             raise Unsupported("raise statement reached during capture")
+        handled = getattr(self.handled_exception(), "value", None)  # (a callee raising sees its caller's)
         if isinstance(handled, BaseException) and handled is not value:
-            value.__context__ = handled
+            _chain_context(value, handled)
         raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
+
+
+def _chain_context(value, handled):
+    """value.__context__ = handled, as CPython sets it on raise. CPython first cuts `value` out of the
+    chain below `handled` (so it never loops); that changes an exception capture may not own: refused."""
+    link, seen = handled, set()
+    while link.__context__ is not None and id(link) not in seen:
+        seen.add(id(link))
+        if link.__context__ is value:
+            raise Unsupported("a raise that cuts a loop out of an exception's __context__ chain")
+        link = link.__context__
+    value.__context__ = handled
 
 
 def _exception_instance(v):

@@ -76,3 +76,22 @@ def test_called_from_an_except_block_the_callers_exception_shows():
     assert got[1] is want[1] is LookupError
     torch.testing.assert_close(got[0], want[0])
     assert compiled(x)[1] is None
+
+
+def context_from_the_callers_handler(x):
+    def fails(kind):
+        raise kind("inner")  # raised while the caller handles the KeyError: that is its context
+
+    try:
+        raise KeyError("outer")
+    except KeyError:
+        try:
+            fails(ValueError)
+        except ValueError as e:
+            caught = e
+    return x + 1, type(caught.__context__).__name__, caught.__context__.args
+
+
+def test_an_exception_raised_in_a_callee_takes_the_callers_handled_one_as_context():
+    # (before: only the raising frame's own handler counted: __context__ stayed None)
+    check_graphs(context_from_the_callers_handler, t(2), graphs=1, fullgraph=True)
