@@ -7,19 +7,11 @@ be handling an exception too: capture answers "none" there and guards that the c
 when the compiled code runs (else it recompiles).
 """
 import sys
-import types
 
 from kiln.capture.python_builtins import BUILTIN_HANDLERS
-from kiln.capture.variables import ConstantVariable, HandlerVariable, ObjectVariable, TupleVariable, const
+from kiln.capture.tracebacks import traceback_of
+from kiln.capture.variables import ConstantVariable, TupleVariable, const
 from kiln.exc import Unsupported
-
-
-class UnknownTraceback(HandlerVariable):
-    """The traceback of an exception raised during capture: there is one in eager code (so it is not
-    None), but capture raises without frames, so any use of it stops the capture."""
-
-    def python_type(self):
-        return types.TracebackType
 
 
 def _handled(frame):
@@ -38,7 +30,8 @@ def _exc_info(frame, args, kwargs):
     if handled is None:
         return const((None, None, None))
     exc = handled.value
-    tb = ObjectVariable(exc.__traceback__) if handled.source is not None else UnknownTraceback()
+    tb = frame.og.wrap(exc.__traceback__, None, guard=False) if handled.source is not None else \
+        traceback_of(frame.og, exc)
     return TupleVariable([frame.og.wrap(type(exc), None, guard=False), handled, tb])
 
 

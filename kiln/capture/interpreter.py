@@ -197,6 +197,7 @@ class Frame:
         on this machine) inside a try block: continue at the handler, as CPython would."""
         for entry in self._exception_table():
             if entry.start <= inst.offset < entry.end:
+                self.og.caught_exceptions[id(exc)] = exc  # (raised for real in eager code: it has a traceback)
                 del self.stack[entry.depth:]
                 if entry.lasti:
                     self.push(const(inst.offset))

@@ -21,6 +21,7 @@ from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
 from kiln.capture.guards import held_weakly
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.config import config
+from kiln.capture.tracebacks import set_traceback, traceback_of
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
                                     MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
@@ -1031,9 +1032,7 @@ def getattr_var(frame, obj, name):
         if name == "__dict__" and _has_plain_instance_dict(obj):
             return instance_dict(frame, obj)
         if name == "__traceback__" and obj.source is None and isinstance(obj.value, BaseException):
-            # capture raises without frames: the traceback eager code sees (not None, its frames and
-            # lines) does not exist here, and answering None would take the wrong branch
-            raise Unsupported("the traceback of an exception raised during capture")
+            return traceback_of(og, obj.value)  # (not the None capture's frameless raise left there)
         stored = og.side_effects.load_attr(obj.value, name)
         if stored is og.side_effects.DELETED:
             raise Unsupported(f"AttributeError: {name} was deleted", python_exception=AttributeError(name))
@@ -1458,6 +1457,9 @@ def setattr_var(frame, obj, name, value):
             return
         og.side_effects.store_attr(obj, name, value)
         return
+    if _made_exception(obj) and name == "__traceback__":
+        set_traceback(og, obj.value, value)
+        return
     if _made_exception(obj) and not _python_dunder(type(obj.value), "__setattr__") and \
             isinstance(value, (ConstantVariable, ObjectVariable)):
         _set_exception_attr(obj.value, name, value.value)
@@ -1488,8 +1490,6 @@ def _made_exception(obj):
 def _set_exception_attr(exc, name, value):
     """`exc.name = value` run natively, as eager code would: __cause__/__context__ check their value
     (TypeError), `args` becomes a tuple, anything else lands in the exception's __dict__."""
-    if name == "__traceback__":
-        raise Unsupported("setting the traceback of an exception raised during capture")
     try:
         setattr(exc, name, value)
     except (TypeError, AttributeError) as e:

@@ -214,15 +214,38 @@ def reads_traceback(x):
     return x
 
 
-def test_reading_the_traceback_of_an_exception_raised_in_the_frame_is_never_answered_none():
-    # (before: capture answered None, eager has a traceback: compiled code took the other branch)
-    check_graphs(reads_traceback, t(2))
+def traceback_set_and_never_raised(x):
+    made = KeyError("never raised")
+    try:
+        raise ValueError("oops")
+    except ValueError as e:
+        e.__traceback__ = None
+        cleared = e.__traceback__ is None
+        again = RuntimeError("r").with_traceback(None).__traceback__ is None
+    return x * 2, made.__traceback__ is None, cleared, again
+
+
+@pytest.mark.parametrize("fn", [reads_traceback, traceback_set_and_never_raised])
+def test_the_traceback_of_an_exception_made_in_the_frame_is_there_when_eager_has_one(fn):
+    # (before: capture answered None for a raised one, eager has a traceback: compiled code took the
+    # other branch)
+    check_graphs(fn, t(2), graphs=1, fullgraph=True)
+
+
+def reads_traceback_line(x):
+    try:
+        raise ValueError("oops")
+    except ValueError as e:
+        if e.__traceback__.tb_lineno > 0:
+            x = x + 1
+    return x
 
 
 @pytest.mark.kiln_only
-def test_with_fullgraph_reading_such_a_traceback_is_a_clear_error():
-    with pytest.raises(kiln.Unsupported, match="traceback"):
-        kiln.compile(reads_traceback, backend="eager", fullgraph=True)(t(2))
+def test_the_frames_of_such_a_traceback_are_not_known_a_clear_error_with_fullgraph():
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(reads_traceback_line, backend="eager", fullgraph=True)(t(2))
+    check_graphs(reads_traceback_line, t(2))  # (without fullgraph: the frame runs eagerly there)
 
 
 # ---- an existing exception's links --------------------------------------------------------------
