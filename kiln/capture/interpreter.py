@@ -855,11 +855,12 @@ class Frame:
         return None
 
     def RAISE_VARARGS(self, inst):
-        handled = getattr(self.exc_info, "value", None)
-        if inst.arg == 0:  # bare `raise`: the exception being handled
-            if isinstance(handled, BaseException):
-                raise Unsupported(f"{type(handled).__name__} re-raised: {handled}", python_exception=handled)
-            raise Unsupported("bare raise outside an except block capture follows")
+        if inst.arg == 0:  # bare `raise`: the exception being handled, here or in a calling frame
+            handled = getattr(self.handled_exception(), "value", None)
+            if handled is None:
+                e = RuntimeError("No active exception to reraise")
+                raise Unsupported(str(e), python_exception=e)
+            raise Unsupported(f"{type(handled).__name__} re-raised: {handled}", python_exception=handled)
         cause = self.pop() if inst.arg == 2 else None
         value = _exception_instance(self.pop())
         if inst.arg == 2:

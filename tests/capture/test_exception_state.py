@@ -95,3 +95,26 @@ def context_from_the_callers_handler(x):
 def test_an_exception_raised_in_a_callee_takes_the_callers_handled_one_as_context():
     # (before: only the raising frame's own handler counted: __context__ stayed None)
     check_graphs(context_from_the_callers_handler, t(2), graphs=1, fullgraph=True)
+
+
+def bare_raise_in_callee(x):
+    def reraise():
+        raise  # re-raises what the caller is handling  # noqa: PLE0704
+
+    try:
+        try:
+            raise KeyError("k")
+        except KeyError:
+            reraise()
+    except KeyError as e:
+        again = e.args
+    try:
+        reraise()  # nothing is being handled any more
+    except RuntimeError as e:
+        nothing = str(e)
+    return x + 1, again, nothing
+
+
+def test_a_bare_raise_re_raises_what_a_calling_frame_handles_or_fails_as_cpython():
+    # (before: only the raising frame's own handler counted; with none, capture stopped)
+    check_graphs(bare_raise_in_callee, t(2), graphs=1, fullgraph=True)
