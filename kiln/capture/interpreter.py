@@ -847,7 +847,7 @@ class Frame:
             if isinstance(getattr(f.exc_info, "value", None), BaseException):
                 return f.exc_info
             f = f.parent
-        if sys.exc_info()[0] is not None:  # (the caller, or capture itself retrying, handles one now)
+        if self.og.caller_exception is not None:
             raise Unsupported("the exception the compiled function's caller is handling")
         guards = self.og.guards
         guards.add(None, f"{guards.const(sys.exc_info, 'EXCINFO')}()[0] is None",

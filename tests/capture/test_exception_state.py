@@ -118,3 +118,25 @@ def bare_raise_in_callee(x):
 def test_a_bare_raise_re_raises_what_a_calling_frame_handles_or_fails_as_cpython():
     # (before: only the raising frame's own handler counted; with none, capture stopped)
     check_graphs(bare_raise_in_callee, t(2), graphs=1, fullgraph=True)
+
+
+class _Fallback:
+    def __init__(self):
+        self.a = 10
+
+    def __getattr__(self, name):  # capture may run this while handling the lookup's AttributeError
+        try:
+            raise AttributeError(f"{name} absent")
+        except AttributeError:
+            return 30
+
+
+def test_a_raise_in_a_getattr_fallback_is_not_taken_for_the_callers_exception():
+    obj = _Fallback()
+
+    def fn(x):
+        return x * obj.a * obj.b
+
+    # (an earlier version read the caller's exception state when it was asked, by then inside an
+    # except block of capture's own: it refused, a graph break)
+    check_graphs(fn, t(2), graphs=1, fullgraph=True)
