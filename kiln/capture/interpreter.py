@@ -848,7 +848,7 @@ class Frame:
                 return f.exc_info
             f = f.parent
         if self.og.caller_exception is not None:
-            raise Unsupported("the exception the compiled function's caller is handling")
+            raise Unsupported("the exception the compiled function's caller is handling", kind="unsupported_python")
         guards = self.og.guards
         guards.add(None, f"{guards.const(sys.exc_info, 'EXCINFO')}()[0] is None",
                    "the compiled function's caller is handling no exception")
@@ -885,7 +885,8 @@ def _chain_context(value, handled):
     while link.__context__ is not None and id(link) not in seen:
         seen.add(id(link))
         if link.__context__ is value:
-            raise Unsupported("a raise that cuts a loop out of an exception's __context__ chain")
+            raise Unsupported("a raise that cuts a loop out of an exception's __context__ chain",
+                              kind="unsupported_python")
         link = link.__context__
     value.__context__ = handled
 

@@ -1478,7 +1478,7 @@ def _check_exception_link(name, value):
         what = "cause" if name == "__cause__" else "context"
         e = TypeError(f"exception {what} must be None or derive from BaseException")
         raise Unsupported(str(e), python_exception=e)
-    raise Unsupported(f"setting {name} of an exception to {describe(value)}")
+    raise Unsupported(f"setting {name} of an exception to {describe(value)}", kind="unsupported_object")
 
 
 def _made_exception(obj):
