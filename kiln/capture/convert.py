@@ -21,7 +21,7 @@ from kiln.capture import bytecode_facts as facts
 from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
 from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
-                          context_managers, copy_models, fresh_modules, function_objects, generator_models, itertools_models,
+                          context_managers, copy_models, exception_state, fresh_modules, function_objects, generator_models, itertools_models,
                           library_models, numpy_support, function_transforms, profiler_blocks, python_builtins,
                           weakref_models,
                           checkpoint_models, collectives_models, distributed_models)  # their models)

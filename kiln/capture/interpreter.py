@@ -9,6 +9,7 @@ import builtins
 import inspect
 import linecache
 import operator
+import sys
 
 import torch
 
@@ -23,7 +24,7 @@ from kiln.capture.variables import (NULL, AutocastVariable, Variable, BaseIterat
                                     FreshObjectVariable, FunctionVariable, GeneratorVariable, GradModeVariable,
                                     ListVariable, NativeBlockVariable,
                                     NullVariable, ObjectVariable, RealCell, SliceVariable, SymNodeVariable,
-                                    TensorVariable, TupleVariable, const)
+                                    TensorVariable, TupleVariable, const, stop_iteration_error)
 from kiln.exc import Unsupported
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
@@ -196,6 +197,7 @@ class Frame:
         on this machine) inside a try block: continue at the handler, as CPython would."""
         for entry in self._exception_table():
             if entry.start <= inst.offset < entry.end:
+                self.og.caught_exceptions[id(exc)] = exc  # (raised for real in eager code: it has a traceback)
                 del self.stack[entry.depth:]
                 if entry.lasti:
                     self.push(const(inst.offset))
@@ -542,7 +544,7 @@ class Frame:
         elif kind == "INTRINSIC_STOPITERATION_ERROR":  # a generator's body raised: StopIteration becomes RuntimeError
             exc = getattr(value, "value", None)
             if isinstance(exc, StopIteration):
-                exc = RuntimeError("generator raised StopIteration")
+                exc = stop_iteration_error(exc)
             self.push(ObjectVariable(exc) if isinstance(exc, BaseException) else value)
         else:
             raise Unsupported(f"{kind} is not supported (CALL_INTRINSIC_1)")
@@ -835,12 +837,30 @@ class Frame:
     def LOAD_ASSERTION_ERROR(self, inst):
         self.push(ObjectVariable(AssertionError))
 
+    def handled_exception(self):
+        """The Variable of the exception being handled here as CPython sees it: this frame's, else
+        that of the nearest calling frame of the capture handling one. Past the compiled function's
+        own frame its caller may handle one: capture answers none and guards so (and refuses when the
+        caller handles one now, as it does then)."""
+        f = self
+        while f is not None:
+            if isinstance(getattr(f.exc_info, "value", None), BaseException):
+                return f.exc_info
+            f = f.parent
+        if self.og.caller_exception is not None:
+            raise Unsupported("the exception the compiled function's caller is handling", kind="unsupported_python")
+        guards = self.og.guards
+        guards.add(None, f"{guards.const(sys.exc_info, 'EXCINFO')}()[0] is None",
+                   "the compiled function's caller is handling no exception")
+        return None
+
     def RAISE_VARARGS(self, inst):
-        handled = getattr(self.exc_info, "value", None)
-        if inst.arg == 0:  # bare `raise`: the exception being handled
-            if isinstance(handled, BaseException):
-                raise Unsupported(f"{type(handled).__name__} re-raised: {handled}", python_exception=handled)
-            raise Unsupported("bare raise outside an except block capture follows")
+        if inst.arg == 0:  # bare `raise`: the exception being handled, here or in a calling frame
+            handled = getattr(self.handled_exception(), "value", None)
+            if handled is None:
+                e = RuntimeError("No active exception to reraise")
+                raise Unsupported(str(e), python_exception=e)
+            raise Unsupported(f"{type(handled).__name__} re-raised: {handled}", python_exception=handled)
         cause = self.pop() if inst.arg == 2 else None
         value = _exception_instance(self.pop())
         if inst.arg == 2:
@@ -852,9 +872,23 @@ class Frame:
                 value.__cause__ = cause_value  # also sets __suppress_context__, as `raise from` does
         if value is None:
             raise Unsupported("raise statement reached during capture")
+        handled = getattr(self.handled_exception(), "value", None)  # (a callee raising sees its caller's)
         if isinstance(handled, BaseException) and handled is not value:
-            value.__context__ = handled
+            _chain_context(value, handled)
         raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
+
+
+def _chain_context(value, handled):
+    """value.__context__ = handled, as CPython sets it on raise. CPython first cuts `value` out of the
+    chain below `handled` (so it never loops); that changes an exception capture may not own: refused."""
+    link, seen = handled, set()
+    while link.__context__ is not None and id(link) not in seen:
+        seen.add(id(link))
+        if link.__context__ is value:
+            raise Unsupported("a raise that cuts a loop out of an exception's __context__ chain",
+                              kind="unsupported_python")
+        link = link.__context__
+    value.__context__ = handled
 
 
 def _exception_instance(v):

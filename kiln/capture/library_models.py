@@ -26,7 +26,7 @@ import sys
 import types
 import unicodedata
 
-from kiln.capture import graph_builder, objects
+from kiln.capture import graph_builder, objects, tracebacks
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method, refuse_order_bypass
 from kiln.capture.sources import AttrSource
@@ -98,12 +98,13 @@ for _query in (sys.getrecursionlimit, sys.getdefaultencoding, sys.getfilesysteme
 
 
 def _with_traceback(frame, args, kwargs):
-    """BaseException.with_traceback(None) on an exception raised during capture (unittest's assertRaises
-    drops the traceback so): it has no traceback capture knows of to keep. Returns the exception."""
+    """BaseException.with_traceback(tb) on an exception made during capture (unittest's assertRaises
+    drops the traceback so): its __traceback__ becomes tb (see tracebacks). Returns the exception."""
     exc, tb = args[0], args[1] if len(args) > 1 else None
     if not (isinstance(exc, ObjectVariable) and exc.source is None and isinstance(exc.value, BaseException)
-            and isinstance(tb, ConstantVariable) and tb.value is None):
+            and tb is not None):
         raise Unsupported("with_traceback on an exception that exists outside the capture")
+    tracebacks.set_traceback(frame.og, exc.value, tb)
     exc.value.__traceback__ = None
     return exc
 

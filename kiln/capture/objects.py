@@ -21,6 +21,7 @@ from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
 from kiln.capture.guards import held_weakly
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.config import config
+from kiln.capture.tracebacks import set_traceback, traceback_of
 from kiln.capture.variables import (AutocastVariable, BaseIterator, CellVariable, ConstantVariable, DataDictVariable,
                                     DictIterator, DictVariable, DictViewVariable, EnumerateIterator, FilterIterator,
                                     MapIterator, ObjectIterator, SequenceIterator, ZipIterator, ExitVariable, FreshObjectVariable, FunctionVariable, GradModeExit,
@@ -446,8 +447,8 @@ def apply_operator(frame, op, args):
     if all(isinstance(a, ConstantVariable) for a in args):
         try:
             return result_var(og, op(*(a.value for a in args)))
-        except Exception as e:
-            raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
+        except Exception as e:  # (1 // 0, "a" + 1, ...): the program's own exception, which it may catch
+            raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}", python_exception=e) from e
     a = args[0]
     if isinstance(a, (ListVariable, TupleVariable)) and \
             (own := python_special(frame, a, _DUNDERS.get(op))) is not None:  # a NamedTuple's __add__
@@ -510,8 +511,8 @@ def apply_operator(frame, op, args):
         if not _python_dunder(type(a.value), name or "__eq__"):
             try:
                 return result_var(og, op(*(x.value for x in args)))
-            except Exception as e:
-                raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}") from e
+            except Exception as e:  # run natively on the real objects: the exception eager code raises
+                raise Unsupported(f"{op.__name__} raised {type(e).__name__}: {e}", python_exception=e) from e
     raise Unsupported(f"operator {op.__name__} on {', '.join(describe(x) for x in args)}")
 
 
@@ -562,6 +563,15 @@ def _subclass_operator(frame, op, a, b):
                 return result
     return None
 
+
+
+def _sequence_index_error(seq, e):
+    """The exception CPython raises for `seq[k]`, from the one the Python list holding a list's or
+    tuple's items raised: same type, with the message naming the sequence's own kind."""
+    kind = "list" if isinstance(seq, ListVariable) else "tuple"
+    if isinstance(e, IndexError):
+        return IndexError(f"{kind} index out of range")
+    return TypeError(str(e).replace("list indices", f"{kind} indices", 1))
 
 def _sequences_equal(frame, a, b):
     """list/tuple ==, as CPython compares them: same kind and length, then item by item, an item
@@ -775,7 +785,8 @@ def getitem(frame, obj, key, builtin=False):
         try:
             return obj.items[k]
         except (IndexError, TypeError) as e:
-            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}",
+                              python_exception=_sequence_index_error(obj, e)) from e
     if isinstance(obj, DataDictVariable) and not isinstance(const_value(key, "index"), str):
         return getitem(frame, make_tuple(list(obj.items.values())), key)  # ModelOutput: to_tuple()[i]
     if isinstance(obj, DictVariable):
@@ -795,8 +806,8 @@ def getitem(frame, obj, key, builtin=False):
     if isinstance(obj, ConstantVariable):
         try:
             return result_var(og, obj.value[const_value(key, "index")])
-        except Exception as e:
-            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+        except Exception as e:  # indexed natively: the exception eager code raises ("abc"[5])
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}", python_exception=e) from e
     if isinstance(obj, ObjectVariable) and isinstance(obj.value, torch.nn.Module):
         mod = obj.value
         k = const_value(key, "module index")
@@ -1173,6 +1184,8 @@ def getattr_var(frame, obj, name):
     if isinstance(obj, ObjectVariable):
         if name == "__dict__" and _has_plain_instance_dict(obj):
             return instance_dict(frame, obj)
+        if name == "__traceback__" and obj.source is None and isinstance(obj.value, BaseException):
+            return traceback_of(og, obj.value)  # (not the None capture's frameless raise left there)
         stored = og.side_effects.load_attr(obj.value, name)
         if stored is og.side_effects.DELETED:
             raise Unsupported(f"AttributeError: {name} was deleted", python_exception=AttributeError(name))
@@ -1586,6 +1599,8 @@ def setattr_var(frame, obj, name, value):
                 raise Unsupported("replacing a submodule or parameter during capture")
         elif _python_dunder(type(value_obj), "__setattr__"):
             raise Unsupported("setattr on an object with its own __setattr__")
+        elif isinstance(value_obj, BaseException) and name in ("__cause__", "__context__"):
+            _check_exception_link(name, value)  # then written back after the graph, as any attribute
         elif inspect.getattr_static(type(value_obj), name, None) is not None and \
                 hasattr(type(inspect.getattr_static(type(value_obj), name)), "__set__"):
             raise Unsupported(f"setting descriptor attribute {name}")
@@ -1595,7 +1610,43 @@ def setattr_var(frame, obj, name, value):
             return
         og.side_effects.store_attr(obj, name, value)
         return
+    if _made_exception(obj) and name == "__traceback__":
+        set_traceback(og, obj.value, value)
+        return
+    if _made_exception(obj) and not _python_dunder(type(obj.value), "__setattr__") and \
+            isinstance(value, (ConstantVariable, ObjectVariable)):
+        _set_exception_attr(obj.value, name, value.value)
+        return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)}")
+
+
+def _check_exception_link(name, value):
+    """`exc.__cause__ = value` on an existing exception: CPython checks the value at once (TypeError,
+    which the program may catch); capture does too, before it defers the write to after the graph."""
+    if isinstance(value, ConstantVariable) and value.value is None:
+        return
+    if isinstance(value, ObjectVariable) and isinstance(value.value, BaseException):
+        return
+    if isinstance(value, ConstantVariable):
+        what = "cause" if name == "__cause__" else "context"
+        e = TypeError(f"exception {what} must be None or derive from BaseException")
+        raise Unsupported(str(e), python_exception=e)
+    raise Unsupported(f"setting {name} of an exception to {describe(value)}", kind="unsupported_object")
+
+
+def _made_exception(obj):
+    """An exception object made during this capture (it exists nowhere else yet: the glue hands a
+    fresh copy of it to each call), which capture may therefore change natively."""
+    return isinstance(obj, ObjectVariable) and obj.source is None and isinstance(obj.value, BaseException)
+
+
+def _set_exception_attr(exc, name, value):
+    """`exc.name = value` run natively, as eager code would: __cause__/__context__ check their value
+    (TypeError), `args` becomes a tuple, anything else lands in the exception's __dict__."""
+    try:
+        setattr(exc, name, value)
+    except (TypeError, AttributeError) as e:
+        raise Unsupported(f"setting {name} on an exception raised {type(e).__name__}: {e}", python_exception=e) from e
 
 
 # ---- calls --------------------------------------------------------------------------------------

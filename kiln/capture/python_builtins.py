@@ -384,9 +384,19 @@ def _b_setattr(frame, args, kwargs):
 
 
 def _b_vars(frame, args, kwargs):
-    if len(args) != 1:
+    if kwargs or len(args) > 1:  # CPython's own argument errors, which the program may catch
+        e = TypeError("vars() takes no keyword arguments" if kwargs else
+                      f"vars expected at most 1 argument, got {len(args)}")
+        raise Unsupported(str(e), python_exception=e)
+    if not args:
         raise Unsupported("vars() of the calling frame")
-    return getattr_var(frame, args[0], "__dict__")
+    try:
+        return getattr_var(frame, args[0], "__dict__")
+    except Unsupported as u:
+        if not isinstance(u.python_exception, AttributeError):
+            raise
+        e = TypeError("vars() argument must have __dict__ attribute")  # (not the AttributeError)
+        raise Unsupported(str(e), python_exception=e) from u
 
 
 def _b_delattr(frame, args, kwargs):

@@ -524,6 +524,15 @@ class EnumerateIterator(BaseIterator):
         return enumerate
 
 
+def stop_iteration_error(exc):
+    """PEP 479: a StopIteration raised inside a generator's body comes out of the generator as this
+    RuntimeError, the StopIteration its cause and context (CPython's words and chaining)."""
+    error = RuntimeError("generator raised StopIteration")
+    error.__cause__ = exc  # (also sets __suppress_context__, as CPython's conversion does)
+    error.__context__ = exc
+    return error
+
+
 class GeneratorVariable(BaseIterator):
     """A generator made during capture by calling a generator function. Its frame runs lazily, to the
     next yield on each `next()`, so its side effects interleave with its consumer's as in CPython.
@@ -547,8 +556,11 @@ class GeneratorVariable(BaseIterator):
             raise Unsupported("generator yields too many values")
         try:
             item = self.frame.resume_generator(sent, thrown)
-        except Unsupported:
+        except Unsupported as e:
             self.done = True
+            if isinstance(e.python_exception, StopIteration):  # PEP 479, where 3.11 applies it: leaving the frame
+                raise Unsupported("generator raised StopIteration",
+                                  python_exception=stop_iteration_error(e.python_exception)) from e
             raise
         if item is None:
             self.done, self.return_value = True, self.frame.returned
