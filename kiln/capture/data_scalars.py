@@ -70,7 +70,7 @@ def assert_in_graph(frame, cond, holds_when, where):
         cond = og.call_op("call_function", torch.sym_not, [cond], {})
         if not isinstance(cond, SymNodeVariable):  # folded to a constant: nothing left to check
             if not cond.value:
-                raise Unsupported(f"assert that always fails at {where}")
+                raise Unsupported(f"assert that always fails at {where}", kind="data_dependent")
             return
     msg = f"assert failed at {where}: {cond.value.node.expr}"
     node = og.graph.create_node("call_function", torch.ops.aten._assert_scalar.default, (cond.node, msg), {},
