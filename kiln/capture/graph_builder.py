@@ -21,7 +21,7 @@ import torch.fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                            FakeTensorMode)
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, compute_unbacked_bindings, free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from kiln.capture import dynamic
@@ -425,8 +425,7 @@ class OutputGraph:
                 any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
             raise GradModeBreak(f"{_target_name(target)} makes a tensor that requires grad, inside a graph that "
                                 "starts without grad")
-        if any(isinstance(x, torch.Tensor) and free_unbacked_symbols(x) for x in leaves):
-            raise Unsupported(f"{_target_name(target)} has a data-dependent output shape", kind="data_dependent")
+        self._check_unbacked_sizes(target, fake_args, fake_kwargs, leaves)
         has_tensor = any(isinstance(x, torch.Tensor) for x in leaves)
         if not has_tensor and not mutated and not _has_symbols(leaves):
             if _fact_name(target) in TENSOR_FACTS and tensors_in:
@@ -439,9 +438,30 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, tuple(_to_nodes(list(args))), _to_nodes(dict(kwargs)),
                                       name=self._unique(_node_name(target)))
         node.meta["example_value"] = result
+        if self._shape_env is not None and self._shape_env.pending_fresh_unbacked_symbols:
+            # the numbers this op read out of tensor data: bound to its result (make_fx, tracing the
+            # graph again with this ShapeEnv, must find none pending)
+            node.meta["unbacked_bindings"] = compute_unbacked_bindings(self._shape_env, result)
         node.meta["stack_trace"] = user_lines.stack_trace(self.frame)
         node.meta["source_fn_stack"] = [(node.name, target)]  # what the user called (aot copies it on)
         return self._result_variable(node, result, tensors_in)
+
+    def _check_unbacked_sizes(self, target, fake_args, fake_kwargs, leaves):
+        """An output size that depends on tensor data: a new unbacked symbol the op made (nonzero,
+        masked_select) is refused; sizes made of numbers the graph already read out of tensor data
+        (split(x, sizes.tolist())) stay symbolic, and their ops run through aten."""
+        made = set()
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                made |= free_unbacked_symbols(x)
+        if not made:
+            return
+        given = set()
+        for a in pytree.tree_leaves((fake_args, fake_kwargs)):
+            if isinstance(a, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+                given |= free_unbacked_symbols(a)
+        if not made <= given:
+            raise Unsupported(f"{_target_name(target)} has a data-dependent output shape", kind="data_dependent")
 
     def guard_tensor_fact(self, name, tensors):
         """A fact of `tensors` (TENSOR_FACTS) was read: guard it on the inputs it comes from. A tensor

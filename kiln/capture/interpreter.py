@@ -14,7 +14,7 @@ import sys
 import torch
 
 from kiln.capture import bytecode_facts as facts
-from kiln.capture import objects
+from kiln.capture import data_scalars, objects
 from kiln.capture.code_index import instructions
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
@@ -710,8 +710,22 @@ class Frame:
 
     def _pop_jump(self, inst, when):
         value = self.pop()
+        if data_scalars.is_data_dependent(value) and self._assert_on_data(inst, value, when):
+            return
         if objects.truth(self, value) == when:
             self.jump(inst)
+
+    def _assert_on_data(self, inst, value, when):
+        """`assert cond` on a number only the graph knows: one side of the jump is the assert's
+        failure path. The graph checks cond when it runs and capture takes the other side."""
+        if data_scalars.is_assert_branch(self.insts, self.ip):  # falls through into the raise
+            data_scalars.assert_in_graph(self, value, when, self.where(inst))
+            self.jump(inst)
+            return True
+        if data_scalars.is_assert_branch(self.insts, self.index_of[inst.argval]):  # jumps into it
+            data_scalars.assert_in_graph(self, value, not when, self.where(inst))
+            return True
+        return False
 
     def POP_JUMP_FORWARD_IF_TRUE(self, inst):
         self._pop_jump(inst, True)

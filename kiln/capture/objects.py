@@ -15,6 +15,7 @@ import types
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from kiln.capture import data_scalars
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
@@ -1758,10 +1759,10 @@ def _refuse_input_metadata_change(t, name):
 def _tensor_method(frame, t, name, args, kwargs):
     _refuse_new_leaf(frame, f"Tensor.{name}", kwargs)
     _refuse_input_metadata_change(t, name)
-    if name == "item" and config.capture_scalar_outputs and not args and not kwargs:
-        # a number the graph computes: an unbacked symbol in the ShapeEnv (its value is not known
-        # at capture time, so a Python branch on it still breaks)
-        return frame.og.call_op("call_method", "item", [t], {})
+    if name in ("item", "tolist") and not args and not kwargs and data_scalars.captures_scalars(frame):
+        # numbers the graph computes: unbacked symbols in the ShapeEnv (their values are not known
+        # at capture time, so a Python branch on them still breaks)
+        return data_scalars.item(frame, t) if name == "item" else data_scalars.tolist(frame, t)
     if name in TENSOR_METHODS:
         return TENSOR_METHODS[name](frame, t, args, kwargs)
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
