@@ -565,7 +565,6 @@ def _subclass_operator(frame, op, a, b):
     return None
 
 
-
 def _sequence_index_error(seq, e):
     """The exception CPython raises for `seq[k]`, from the one the Python list holding a list's or
     tuple's items raised: same type, with the message naming the sequence's own kind."""
@@ -573,6 +572,7 @@ def _sequence_index_error(seq, e):
     if isinstance(e, IndexError):
         return IndexError(f"{kind} index out of range")
     return TypeError(str(e).replace("list indices", f"{kind} indices", 1))
+
 
 def _sequences_equal(frame, a, b):
     """list/tuple ==, as CPython compares them: same kind and length, then item by item, an item
