@@ -69,12 +69,14 @@ class Lookup:
     runner: object = None           # the loaded graph on a hit
     gm: object = None
     example_inputs: list = None
+    guards_before: int = 0          # the ShapeEnv's guards when the compile began
 
     def store(self, aten, flat_fn):
         """Record the graph `compile_fx` just compiled (aten: aot.AtenGraph; flat_fn: compile_aten's)."""
         if self.key is None:
             return
         try:
+            _check_no_new_guards(self)
             entry = _describe(self, aten, flat_fn)
         except Uncacheable as e:
             stats.uncacheable += 1
@@ -107,7 +109,7 @@ def lookup(gm, example_inputs, options):
         stats.uncacheable += 1
         log("perf_hints", "graph not kept in the graph cache: %s", e)
         return _OFF
-    found = Lookup(key, None, gm, list(example_inputs))
+    found = Lookup(key, None, gm, list(example_inputs), _guard_count(gm))
     entry = _read(key)
     if entry is not None:
         try:
@@ -205,6 +207,23 @@ def size_facts(gm):
             sorted(f"{k} = {v}" for k, v in env.replacements.items()),
             sorted(str(k) for k in env.divisible)]
     return facts
+
+
+def _guard_count(gm):
+    env = _shape_env(gm) if symbolic_inputs(gm) is not None else None
+    return 0 if env is None else len(env.guards)
+
+
+def _check_no_new_guards(lookup):
+    """A compile that proved more about the sizes (a size is 1, a dim is contiguous) made code that
+    holds only under those guards, which the key (the facts before the compile) does not hold: a
+    later capture of the same graph without them would load code specialized for another size
+    (Hugging Face JetMoE's expert split by a size that was 1 once: wrong rows, NaN)."""
+    if symbolic_inputs(lookup.gm) is None:
+        return
+    env = _shape_env(lookup.gm)
+    if env is not None and len(env.guards) > lookup.guards_before:
+        raise Uncacheable(f"compiling it added {len(env.guards) - lookup.guards_before} guard(s) on its sizes")
 
 
 def _shape_env(gm):

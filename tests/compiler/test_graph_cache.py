@@ -318,3 +318,28 @@ def test_an_output_viewing_another_keeps_the_link_after_a_load(cache):
         assert _same_storage(whole, part)
         whole.add_(1)  # in eager the view sees the write
         torch.testing.assert_close(part, whole[:, 1:])
+
+
+def experts(idx, gates, s0, s1, s2, s3, x, w1, w2, length):
+    """A mixture-of-experts step as Hugging Face JetMoE writes it: tokens split by expert sizes."""
+    pieces = x[idx].split([s0, s1, s2, s3], dim=0)
+    h = torch.cat([torch.nn.functional.linear(p, w1[i]) for i, p in enumerate(pieces)], 0)
+    a, b = h.chunk(2, dim=-1)
+    pieces = (torch.nn.functional.silu(a) * b).split([s0, s1, s2, s3], 0)
+    o = torch.cat([torch.nn.functional.linear(p, w2[i]) for i, p in enumerate(pieces)], 0) * gates[:, None]
+    return torch.zeros(2 * length, 16).index_add(0, idx, o)
+
+
+def test_code_a_compile_specialized_is_not_loaded_for_sizes_it_does_not_fit():
+    """The compile of a graph with symbolic sizes may prove more (an expert's size is 0 or 1) and
+    specialize its code; the same graph captured again without that fact (the guard failed) must
+    not load that code from the graph cache."""
+    import kiln
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(4, 64, 16, generator=g), torch.randn(4, 16, 32, generator=g)
+    compiled = kiln.compile(experts)
+    for length, sizes in ((4, [2, 2, 2, 10]), (6, [0, 3, 1, 20]), (9, [4, 18, 7, 7])):
+        n = 2 * length
+        idx = torch.cat([torch.randperm(n, generator=g), torch.randperm(n, generator=g)])
+        args = (idx, torch.rand(2 * n, generator=g), *sizes, torch.randn(n, 16, generator=g), w1, w2, length)
+        torch.testing.assert_close(compiled(*args), experts(*args))
