@@ -21,7 +21,8 @@ import torch.fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                            FakeTensorMode)
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, compute_unbacked_bindings, free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import (DimDynamic, PendingUnbackedSymbolNotFound, ShapeEnv,
+                                                   compute_unbacked_bindings, free_unbacked_symbols)
 from torch.utils import _pytree as pytree
 
 from kiln.capture import dynamic
@@ -441,10 +442,19 @@ class OutputGraph:
         if self._shape_env is not None and self._shape_env.pending_fresh_unbacked_symbols:
             # the numbers this op read out of tensor data: bound to its result (make_fx, tracing the
             # graph again with this ShapeEnv, must find none pending)
-            node.meta["unbacked_bindings"] = compute_unbacked_bindings(self._shape_env, result)
+            self._bind_unbacked(node, result)
         node.meta["stack_trace"] = user_lines.stack_trace(self.frame)
         node.meta["source_fn_stack"] = [(node.name, target)]  # what the user called (aot copies it on)
         return self._result_variable(node, result, tensors_in)
+
+    def _bind_unbacked(self, node, result):
+        """Bind the unbacked symbols the op made to where its result holds them. A number an op reads
+        internally that reaches no output (addcmul_'s `value` given as a 0-d tensor, a foreach op's
+        scalar) is the op's own business: it is dropped, as it was before results held any."""
+        try:
+            node.meta["unbacked_bindings"] = compute_unbacked_bindings(self._shape_env, result)
+        except PendingUnbackedSymbolNotFound:
+            self._shape_env.pending_fresh_unbacked_symbols.clear()
 
     def _check_unbacked_sizes(self, target, fake_args, fake_kwargs, leaves):
         """An output size that depends on tensor data: a new unbacked symbol the op made (nonzero,
