@@ -16,6 +16,7 @@ import weakref
 
 import torch
 
+
 def restore(cls, items, attrs):
     """A `cls` instance holding `items` ((key, value) pairs, in order) and instance attributes `attrs`,
     made past the class's own __init__/__setitem__/__setattr__ (rebuild only restores)."""

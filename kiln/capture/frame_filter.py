@@ -10,6 +10,7 @@ would answer True to code that is itself running eagerly, which then takes the p
 compilation (LongT5 left its attention mask None and raised).
 """
 import types
+import weakref
 
 import torch
 
@@ -34,14 +35,24 @@ def worth_compiling(fn, args, kwargs):
     return _names_torch(fn)
 
 
+_NAMES_TORCH = weakref.WeakKeyDictionary()  # code -> (id of its globals, whether they name torch there)
+
+
 def _names_torch(fn):
-    """A global the code names is torch, one of its modules, or numpy (which kiln traces through torch)."""
-    g = fn.__globals__
-    for name in fn.__code__.co_names:
-        obj = g.get(name)
-        if isinstance(obj, types.ModuleType) and (obj is torch or obj.__name__.startswith("torch.") or obj is np):
-            return True
-    return False
+    """A global the code names is torch, one of its modules, or numpy (which kiln traces through torch).
+    Found once per code object and globals (it is asked on every call a skipped frame makes); a module
+    that binds torch after that keeps the first answer, which decides only whether the callee compiles."""
+    g, code = fn.__globals__, fn.__code__
+    known = _NAMES_TORCH.get(code)
+    if known is not None and known[0] == id(g):
+        return known[1]
+    found = any(_is_torch_module(g.get(name)) for name in code.co_names)
+    _NAMES_TORCH[code] = (id(g), found)
+    return found
+
+
+def _is_torch_module(obj):
+    return isinstance(obj, types.ModuleType) and (obj is torch or obj.__name__.startswith("torch.") or obj is np)
 
 
 def _holds_tensor(v, seen):

@@ -93,8 +93,8 @@ class ShapeSource(torch._guards.Source):
 
 class OutputGraph:
     def __init__(self, code_name, dynamism=None):
-        self.set_order_reads = SetVariable.order_reads  # (capture_cache: was a set's order read since?)
         """`dynamism` (dynamic.InputDynamism) says which input sizes and numbers are symbolic."""
+        self.set_order_reads = SetVariable.order_reads  # (capture_cache: was a set's order read since?)
         self.graph = self.root_graph = torch.fx.Graph()  # `graph` is where ops go; see `subgraph`
         # The ShapeEnv comes into being only when a size turns symbolic (see `shape_env`): creating
         # one imports torch's validator and, through it, most of torch._dynamo (~0.75 s in a fresh
