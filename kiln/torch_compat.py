@@ -49,3 +49,14 @@ def function_apply_takes_keywords():
         return True
     except TypeError:
         return False
+
+
+def forget_item_value(fake):
+    """`fake` without the value of its real tensor. torch 2.14's FakeTensorMode.from_tensor keeps a
+    0-d CPU integer or float64 tensor's value (item_memo) when the mode has no ShapeEnv, so `item()`
+    on the fake returns that number: capture would fold the first call's data into the graph as a
+    constant (a stale answer on every later call). kiln's fakes stand for every tensor a guard
+    admits, never for one tensor's data."""
+    if getattr(fake, "item_memo", None) is not None:
+        fake.item_memo = None
+    return fake

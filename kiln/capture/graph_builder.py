@@ -38,7 +38,7 @@ from kiln.capture.variables import (ConstantVariable, DequeVariable, DictVariabl
 import torch._guards
 from kiln.exc import Unsupported
 from kiln import torch_compat
-from kiln.torch_compat import UnmanagedAutocast
+from kiln.torch_compat import UnmanagedAutocast, forget_item_value
 
 # What the fake mode raises for a data-dependent op when it has no ShapeEnv
 _NEEDS_SHAPE_ENV = (DataDependentOutputException, DynamicOutputShapeException)
@@ -291,15 +291,15 @@ class OutputGraph:
             self.ensure_shape_env()  # the fake mode makes this input's sizes symbols of it
             self.guards.tensor_match(source, value, dynamic=set(dims))
             shape_source = ShapeSource(source.expr(self.guards.ctx))
-            fake = self.fake_mode.from_tensor(value, symbolic_context=dynamic.symbolic_context(value, dims),
-                                              source=shape_source)
+            fake = forget_item_value(self.fake_mode.from_tensor(
+                value, symbolic_context=dynamic.symbolic_context(value, dims), source=shape_source))
             self.dynamic_inputs.append((fake, shape_source))
             self.shape_source_of[shape_source] = source
             self.dynamic_input_dims[id(fake)] = set(dims)
             self.watch.add_input(fake, source, dims, dynamic.marked_bounds(value))
         else:
             self.guards.tensor_match(source, value)
-            fake = self.fake_mode.from_tensor(value, static_shapes=True)
+            fake = forget_item_value(self.fake_mode.from_tensor(value, static_shapes=True))
         name = self._unique(_sanitize(repr(source).replace("G['__kiln_target__']", "self")))
         node = self._placeholder(name)
         node.meta["example_value"] = fake

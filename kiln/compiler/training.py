@@ -32,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.compiler.aot import MetaKeepingModule, is_symbolic, meta_keeping, trace_aten
 from kiln.compiler.training_runtime import GraphSignature, TrainingRun, detached, module_state
+from kiln.torch_compat import forget_item_value
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
 from kiln.debug.logs import enabled, log
@@ -252,4 +253,4 @@ def _fake(fake_mode, x):
     if not isinstance(x, torch.Tensor) or isinstance(x, FakeTensor):
         return x
     # fakes a leaf (a non-leaf's history means nothing here, and reading it warns)
-    return fake_mode.from_tensor(x.detach()).requires_grad_(x.requires_grad)
+    return forget_item_value(fake_mode.from_tensor(x.detach())).requires_grad_(x.requires_grad)

@@ -211,3 +211,17 @@ def test_op_making_a_data_dependent_size_is_still_refused():
         return x.nonzero() + x.sum().item()
     with pytest.raises(kiln.Unsupported, match="data-dependent output shape"):
         kiln.compile(nonzero, backend="eager", fullgraph=True)(ints(0, 1, 2))
+
+
+def item_plus_one(x):
+    return x.item() + 1
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+def test_item_of_a_0d_input_is_never_its_first_value(fullgraph, dtype):
+    # torch 2.14's fake tensor of a 0-d CPU int64/float64 input holds the real value, and item() on
+    # it returned that value: the first call's number was folded into the graph for good
+    calls = [(torch.tensor(3, dtype=dtype),), (torch.tensor(-8, dtype=dtype),), (torch.tensor(5, dtype=dtype),)]
+    check_calls(item_plus_one, calls, fullgraph=fullgraph)
+    check_calls(scalar, calls, fullgraph=fullgraph)
