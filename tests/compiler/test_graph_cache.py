@@ -343,3 +343,26 @@ def test_code_a_compile_specialized_is_not_loaded_for_sizes_it_does_not_fit():
         idx = torch.cat([torch.randperm(n, generator=g), torch.randperm(n, generator=g)])
         args = (idx, torch.rand(2 * n, generator=g), *sizes, torch.randn(n, 16, generator=g), w1, w2, length)
         torch.testing.assert_close(compiled(*args), experts(*args))
+
+
+def test_training_code_a_compile_specialized_is_not_loaded_for_sizes_it_does_not_fit():
+    """The same for the training graph cache: the forward/backward pair compiled when a split size
+    was 1 was loaded for the next sizes (an out-of-bounds view in the backward's wrapper)."""
+    import kiln
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(4, 64, 16, generator=g, requires_grad=True)
+    w2 = torch.randn(4, 16, 32, generator=g, requires_grad=True)
+    compiled = kiln.compile(experts)
+    n = 12
+    for sizes in ([3, 4, 5, 12], [1, 11, 8, 4], [9, 6, 7, 2]):
+        idx = torch.cat([torch.randperm(n, generator=g), torch.randperm(n, generator=g)])
+        x = torch.randn(n, 16, generator=g, requires_grad=True)
+        args = (idx, torch.rand(2 * n, generator=g), *sizes, x, w1, w2, n // 2)
+        results = []
+        for fn in (compiled, experts):
+            out = fn(*args)
+            out.square().sum().backward()
+            results.append([out, *(t.grad for t in (x, w1, w2))])
+            for t in (x, w1, w2):
+                t.grad = None
+        torch.testing.assert_close(results[0], results[1], rtol=1e-3, atol=1e-3)
