@@ -87,7 +87,6 @@ def explain(fn, *args, **kwargs):
             seen.add((e.break_reason.msg, e.break_reason.where))
             reasons.append(BreakReason(e.break_reason.msg, e.break_reason.where, e.break_reason.kind))
     reasons += [BreakReason(r, None, "frame_runs_eagerly") for r in eager]
-    out = ExplainOutput(graphs, reasons, _guards_of(entries), eager)
-    print(out)
-    return out
+    # returned, not printed, as torch._dynamo.explain does (str(out) is the report)
+    return ExplainOutput(graphs, reasons, _guards_of(entries), eager)
 

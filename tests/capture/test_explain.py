@@ -102,3 +102,11 @@ def test_global_state_guards_listed_once_across_frames():
     explanation = kiln.explain(one_break)(torch.randn(3))
     grad_guards = [str(g) for g in explanation.guards if "is_grad_enabled" in str(g)]
     assert len(grad_guards) == 1, grad_guards
+
+
+def test_explain_returns_its_report_without_printing(capsys):
+    def no_print(x):
+        return (x + 1).relu()
+    explanation = kiln.explain(no_print)(torch.randn(3))
+    assert explanation.graph_count == 1
+    assert capsys.readouterr().out == ""
