@@ -262,7 +262,7 @@ class _RefuseOverlappingWrites(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         inplace = (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
         target = kwargs.get("out", args[0] if inplace and args else None)
-        if isinstance(target, torch.Tensor) and (_may_overlap_itself(target) or id(target) in self.expanded):
+        if isinstance(target, torch.Tensor) and (may_overlap_itself(target) or id(target) in self.expanded):
             raise AotUnsupported(f"{name} writes into an expanded tensor or one whose elements share memory")
         out = func(*args, **kwargs)
         source = args[0] if args else None
@@ -345,8 +345,20 @@ def _output_aliases(user_outputs, input_nodes, writes):
                 continue
         layout = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
         if not any(free_symbols(s) for s in (*layout[0], *layout[1], layout[2])):
-            aliases.append(OutputAlias(k, owner[node], layout))
+            aliases.append(OutputAlias(k, owner[node], layout, _constant_ops(chain[::-1])))
     return aliases
+
+
+def _constant_ops(chain):
+    """The view nodes `chain` as ((op, args, kwargs), ...) when every argument after the viewed
+    tensor is a constant, else ()."""
+    ops = []
+    for node in chain:
+        rest = (node.args[1:], node.kwargs)
+        if any(isinstance(a, (torch.fx.Node, torch.SymInt)) for a in pytree.tree_leaves(rest)):
+            return ()
+        ops.append((node.target, tuple(node.args[1:]), dict(node.kwargs)))
+    return tuple(ops)
 
 
 def _output_views(user_outputs, aliased):
@@ -403,7 +415,7 @@ def _check_mutated_inputs_do_not_overlap(example_inputs, mutated):
     real = [(i, x) for i, x in enumerate(example_inputs)
             if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)]
     for i in mutated:
-        if not isinstance(example_inputs[i], FakeTensor) and _may_overlap_itself(example_inputs[i]):
+        if not isinstance(example_inputs[i], FakeTensor) and may_overlap_itself(example_inputs[i]):
             raise AotUnsupported(f"input {i} is mutated and some of its elements share memory")
         ptr = example_inputs[i].untyped_storage().data_ptr()
         for j, x in real:
@@ -411,7 +423,7 @@ def _check_mutated_inputs_do_not_overlap(example_inputs, mutated):
                 raise AotUnsupported(f"input {i} is mutated and shares memory with input {j}")
 
 
-def _may_overlap_itself(x):
+def may_overlap_itself(x):
     """Whether two elements of `x` may share memory (conservative: walks dims by stride). A
     symbolic size or stride counts at its value in the trace (its hint): the guards keep the
     layout's kind (an expanded input stays expanded) on every call the graph serves."""

@@ -16,6 +16,9 @@ class OutputAlias:
     output_index: int    # position among the flat user outputs
     input_index: int     # the input it aliases
     view: tuple | None   # (size, stride, storage_offset) to as_strided the input; None: the input itself
+    ops: tuple = ()      # the view ops eager applied, ((op, args, kwargs), ...) after the input, where
+                         # their arguments are constants: training replays them on an input whose
+                         # elements share memory (see training_runtime.ReplayedView)
 
 
 @dataclasses.dataclass

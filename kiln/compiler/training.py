@@ -30,8 +30,8 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.compiler.aot import MetaKeepingModule, is_symbolic, meta_keeping, trace_aten
-from kiln.compiler.training_runtime import GraphSignature, TrainingRun, detached, module_state
+from kiln.compiler.aot import MetaKeepingModule, is_symbolic, may_overlap_itself, meta_keeping, trace_aten
+from kiln.compiler.training_runtime import GraphSignature, ReplayedView, TrainingRun, detached, module_state
 from kiln.torch_compat import forget_item_value
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
@@ -112,7 +112,9 @@ def analyse(flat_graph, example_inputs, primals, fake_mode, decompositions):
     fake run with grad on."""
     num_inputs = len(example_inputs)
     aten_graph = trace_aten(flat_graph.gm, detached(example_inputs), decompositions)
-    aliases = tuple((a.output_index, a.input_index, a.view) for a in aten_graph.output_aliases)
+    aliases = tuple((a.output_index, a.input_index, _alias_view(a, primals[a.input_index]))
+                    for a in aten_graph.output_aliases)
+    aliases = tuple(a for a in aliases if a[2] is not _COMPUTED)
     aliased = {k for k, _, _ in aliases}
     computed = tuple(k for k in range(aten_graph.num_user_outputs) if k not in aliased)
     state_index = {id(t): num_inputs + k for k, t in enumerate(flat_graph.state)}
@@ -129,6 +131,20 @@ def analyse(flat_graph, example_inputs, primals, fake_mode, decompositions):
     views = tuple((v.output_index, v.base_index, v.view, v.base_layout) for v in aten_graph.output_views)
     return GraphSignature(requires_grad, aten_graph.out_spec, aliases, computed,
                           tuple(flat[k].requires_grad for k in computed), mutated, differentiable, views)
+
+
+_COMPUTED = object()
+
+
+def _alias_view(alias, primal):
+    """How an output that views input `primal` is rebuilt: as_strided of the input, or, on an
+    input that requires grad and whose elements share memory (an expanded leaf), the view ops
+    eager applied (as_strided's gradient would spread over the elements sharing a location);
+    _COMPUTED where those ops are not known: the graph computes the output."""
+    if alias.view is None or not (isinstance(primal, torch.Tensor) and primal.requires_grad
+                                  and may_overlap_itself(primal)):
+        return alias.view
+    return ReplayedView(alias.ops) if alias.ops else _COMPUTED
 
 
 def _run_user_graph(flat_graph, primals, cloned):

@@ -113,7 +113,7 @@ def _describe_signature(sig):
         raise graph_cache.Uncacheable(f"the output structure cannot be saved ({type(e).__name__}: {e})") from None
     fields = {f.name: getattr(sig, f.name) for f in dataclasses.fields(sig) if f.name != "out_spec"}
     if not _plain(fields):
-        raise graph_cache.Uncacheable("the signature holds symbolic sizes")
+        raise graph_cache.Uncacheable("the signature holds symbolic sizes or replayed views")
     return {**fields, "out_spec": out_spec}
 
 

@@ -7,6 +7,7 @@ Apart from tracing, so a process that loads a training graph imports no make_fx,
 sympy.
 """
 import dataclasses
+import operator
 
 import torch
 import torch.utils._pytree as pytree
@@ -21,11 +22,25 @@ def module_state(gm):
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplayedView:
+    """An aliased output rebuilt by the view ops eager applied to the input (aot.OutputAlias.ops),
+    not by as_strided: on an input whose elements share memory (an expanded leaf), as_strided's
+    gradient is spread over every element at a location the view reads, where eager's view ops
+    give it to the elements viewed."""
+    ops: tuple  # ((op, args, kwargs), ...)
+
+    def of(self, x):
+        for op, args, kwargs in self.ops:
+            x = x[args[0]] if op is operator.getitem else op(x, *args, **kwargs)
+        return x
+
+
+@dataclasses.dataclass(frozen=True)
 class GraphSignature:
     """What the flat graph takes and returns, as autograd sees it."""
     requires_grad: tuple          # per input: does it require grad
     out_spec: pytree.TreeSpec     # rebuilds gm's output structure from the flat outputs
-    aliases: tuple                # (output index, input index, as_strided view or None): outputs
+    aliases: tuple                # (output index, input index, as_strided view, ReplayedView or None): outputs
                                   # eager returns as inputs or views of them, rebuilt from the input
     computed: tuple               # indices of the other outputs: the compiled graph computes them
     output_requires_grad: tuple   # per computed output
@@ -106,7 +121,8 @@ class TrainingRun:
         for k, value in zip(sig.computed, results):
             outputs[k] = value
         for k, i, view in sig.aliases:  # after the write-back: views see the new values
-            outputs[k] = flat[i] if view is None else flat[i].as_strided(*view)
+            outputs[k] = flat[i] if view is None else view.of(flat[i]) if isinstance(view, ReplayedView) else \
+                flat[i].as_strided(*view)
         for k, j, view, base_layout in sig.views:
             base = outputs[j]
             if (base.stride(), base.storage_offset()) == base_layout:

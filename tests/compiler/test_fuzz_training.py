@@ -80,17 +80,15 @@ def run(fn, specs, seed, wide=False):
 
 
 def is_training_program(p):
-    """Whether `p` runs in eager with its inputs requiring grad, with an output that has a gradient."""
+    """Whether `p` runs forward and backward in eager with its inputs requiring grad, and some
+    input gets a gradient."""
     if p.special or any(s.kind in ("special", "extreme") for s in p.inputs) or not any(map(learnable, p.inputs)):
         return False
     fn, _ = fuzz.batch_function([p])
     try:
-        inputs = make_leaves(p.inputs)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return any(isinstance(o, torch.Tensor) and o.requires_grad for o in fn(*inputs))
-    except Exception:  # noqa: BLE001 - eager refuses it with grad (an in-place write into a leaf)
-        return False
+        return any(g is not None for g in run(fn, p.inputs, p.seed).grads)
+    except Exception:  # noqa: BLE001 - eager refuses it with grad: an in-place write into a leaf or
+        return False   # into a value the backward needs, an op without a derivative
 
 
 def training_programs(seeds):

@@ -474,3 +474,24 @@ def test_tensor_constants_created_inside_the_graph(inner):
     graph.output(graph.call_function(torch.mul, (graph.call_function(torch.mul, (x, w)), scale)))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     run_both(gm, [torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)], inner)
+
+
+def test_views_of_an_expanded_input_get_eager_gradients():
+    """Outputs that view an input whose elements share memory (an expanded leaf): rebuilt by
+    as_strided, the gradient of `a.select(1, 4)` was spread over the 7 elements at each location
+    (found by tests/compiler/test_fuzz_training.py); eager gives it to the elements viewed."""
+    import kiln
+
+    def views(a):
+        return a.select(1, 4), a[1:], a.unbind(2)[2], a.transpose(1, 2), a.split(1, 0)[1] * 2
+
+    base = torch.randn(2, 5, 1)
+    weights = [torch.randn(s) for s in ((2, 7), (1, 5, 7), (2, 5), (2, 7, 5), (1, 5, 7))]
+    grads = []
+    for fn in (views, kiln.compile(views)):
+        a = base.expand(2, 5, 7).requires_grad_()
+        outs = fn(a)
+        sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+        grads.append((outs, a.grad))
+        assert outs[0].data_ptr() == a.data_ptr() + 4 * a.element_size()  # still views, as in eager
+    torch.testing.assert_close(grads[1], grads[0])
