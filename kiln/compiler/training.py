@@ -33,6 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kiln.compiler.aot import MetaKeepingModule, is_symbolic, may_overlap_itself, meta_keeping, trace_aten
 from kiln.compiler.training_runtime import GraphSignature, ReplayedView, TrainingRun, detached, module_state
 from kiln.torch_compat import forget_item_value
+from kiln.compiler import backward_rewrites
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
 from kiln.debug.logs import enabled, log
@@ -172,6 +173,7 @@ def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
             # a decomposition applied during functionalization may itself write in place
             functional = _functionalize(functional, args, decompositions)
     _drop_input_write_backs(functional, sig.mutated)
+    backward_rewrites.as_eager_on_cpu(functional)
     if enabled("aot"):
         log("aot", "joint graph:\n%s", functional.code)
     return functional

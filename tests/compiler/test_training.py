@@ -495,3 +495,27 @@ def test_views_of_an_expanded_input_get_eager_gradients():
         grads.append((outs, a.grad))
         assert outs[0].data_ptr() == a.data_ptr() + 4 * a.element_size()  # still views, as in eager
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("reduction", ["max", "min", "median", "nanmedian"])
+def test_full_reductions_give_eager_gradients_when_the_gradient_is_not_finite(reduction):
+    """x.max() etc. split the gradient evenly among the elements equal to the result; eager's CPU
+    kernel leaves every other element's gradient 0 even when the gradient is NaN or inf, where the
+    traced formula's `mask * share` made it NaN (found by tests/compiler/test_fuzz_training.py)."""
+    import kiln
+
+    def nan_gradient(x, y):
+        return torch.acos(getattr(x, reduction)() + 2)  # acos of >1: NaN, and its gradient too
+
+    def infinite_gradient(x, y):
+        return getattr(x, reduction)() * y
+
+    x = torch.tensor([[1.0, 3.0, -2.0], [3.0, 0.5, -2.0]])  # ties at the max and the min
+    y = torch.tensor(float("inf"))
+    for f in (nan_gradient, infinite_gradient):
+        grads = []
+        for fn in (f, kiln.compile(f)):
+            xs = x.clone().requires_grad_()
+            fn(xs, y).backward()
+            grads.append(xs.grad)
+        torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
