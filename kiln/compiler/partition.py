@@ -183,14 +183,14 @@ def _save_cost(j, node):
     """Bytes that saving `node` keeps alive. Inputs and their views are free: the caller holds
     them. A tuple (a multi-output op) cannot be saved whole."""
     val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):  # first: split_with_sizes of an input is a view, yet a list
+        return math.inf
     if node in j.input_memory:
         return 0
     if _returns_view(node) and isinstance(node.args[0], fx.Node) and node.args[0] not in j.unsaveable:
         return _save_cost(j, node.args[0]) + 1  # it keeps its base alive: save the base instead
     if isinstance(val, torch.Tensor):  # with symbolic sizes: their hints, without adding guards
         return optimization_hint(val.numel(), fallback=4096) * val.element_size()
-    if isinstance(val, (tuple, list)):
-        return math.inf
     return 1  # a symbolic scalar: small but not free, so the cut prefers not to pass them
 
 

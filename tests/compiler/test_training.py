@@ -519,3 +519,22 @@ def test_full_reductions_give_eager_gradients_when_the_gradient_is_not_finite(re
             fn(xs, y).backward()
             grads.append(xs.grad)
         torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+
+
+def test_a_chunk_of_a_strided_view_of_an_input_is_saved_as_a_tensor():
+    """The backward of sqrt(a[::2].chunk(2)[0]) reads the chunk: the partitioner saved the whole
+    split's list (a view of an input, so it looked free), which no graph can return (KeyError in
+    the schedule; found by tests/compiler/test_fuzz_training.py)."""
+    import kiln
+
+    def f(a):
+        t = a[::2].chunk(2, 0)[0]
+        return t, t.sqrt()
+
+    grads = []
+    for fn in (f, kiln.compile(f)):
+        a = torch.linspace(0.5, 2, 120).reshape(8, 3, 5).requires_grad_()
+        outs = fn(a)
+        (outs[0].sum() + outs[1].sum()).backward()
+        grads.append(a.grad)
+    torch.testing.assert_close(grads[1], grads[0])
