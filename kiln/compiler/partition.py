@@ -143,13 +143,22 @@ def _min_cut_saved(j):
 def _recomputable(node):
     if node.op != "call_function":
         return False
-    if node.target is operator.getitem:
+    if node.target is operator.getitem or _is_size_arithmetic(node):
         return True
     if not isinstance(node.target, torch._ops.OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded in node.target.tags:
         return False
     return node.target in _CHEAP_OPS or torch.Tag.pointwise in node.target.tags
+
+
+def _is_size_arithmetic(node):
+    """Python arithmetic on symbolic sizes (`s0 + s1`): the backward recomputes it from the sizes
+    themselves, so what is saved is plain symbols, which its compile reads as such (it cannot
+    read s1 out of a saved `s0 + s1`)."""
+    return not isinstance(node.target, torch._ops.OpOverload) and \
+        isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)) and \
+        getattr(node.target, "__module__", None) in ("_operator", "operator", "math", "torch")
 
 
 def _materialized_in_backward(j):

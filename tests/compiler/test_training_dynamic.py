@@ -78,3 +78,23 @@ def test_a_pad_by_a_symbolic_amount_trains():
         (f(x) ** 2).sum().backward()
         (compiled(mine) ** 2).sum().backward()
         torch.testing.assert_close(mine.grad, x.grad)
+
+
+def test_a_backward_that_needs_a_size_only_a_sum_of_sizes_holds_compiles():
+    """The backward of cat([a, b]).mT slices the gradient at a.size(0) and a.size(0) + b.size(0).
+    The forward saved those sums, from which the backward's compile cannot read b.size(0) back
+    ("size symbols ['s..'] have no input to read them from"); it now saves the sizes themselves
+    and recomputes the sums (found by tests/compiler/test_fuzz_training.py). Without `debug` the
+    backward ran through aten instead: right, but not compiled."""
+    def f(a, b):
+        return (torch.cat([a, b], 0).mT,)
+
+    compiled = kiln.compile(f, dynamic=True, options={"debug": True})
+    for n, m in ((5, 2), (3, 6)):
+        grads = []
+        for fn in (f, compiled):
+            a, b = torch.randn(n, 8, requires_grad=True), torch.randn(m, 8, requires_grad=True)
+            torch.manual_seed(0)
+            (fn(a, b)[0] * torch.randn(8, n + m)).sum().backward()
+            grads.append((a.grad, b.grad))
+        torch.testing.assert_close(grads[1], grads[0])
