@@ -142,7 +142,7 @@ def _check_strided(example_inputs):
 
 
 def _functional_trace(fn, decompositions, example_inputs, state):
-    mode = _tracing_mode(example_inputs)
+    mode = tracing_mode(example_inputs)
     if mode == "symbolic" and not isinstance(fn, torch.fx.GraphModule):
         # Under torch.func.functionalize, CompositeImplicit ops run their C++ bodies on
         # functional wrappers, and some read concrete sizes there (linear on a 3-d input calls
@@ -277,7 +277,7 @@ def _shape(x):
     return tuple(x.shape) if isinstance(x, torch.Tensor) else None
 
 
-def _tracing_mode(example_inputs):
+def tracing_mode(example_inputs):
     """"symbolic" when the inputs carry symbolic sizes (capture's fake example values)."""
     for x in example_inputs:
         if is_symbolic(x):

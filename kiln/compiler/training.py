@@ -30,7 +30,8 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.compiler.aot import MetaKeepingModule, is_symbolic, may_overlap_itself, meta_keeping, trace_aten
+from kiln.compiler.aot import (MetaKeepingModule, is_symbolic, may_overlap_itself, meta_keeping, trace_aten,
+                              tracing_mode)
 from kiln.compiler.training_runtime import GraphSignature, ReplayedView, TrainingRun, detached, module_state
 from kiln.torch_compat import forget_item_value
 from kiln.compiler import backward_rewrites
@@ -180,9 +181,11 @@ def trace_joint(flat_graph, sig, fake_mode, primals, decompositions):
 
 
 def _functionalize(gm, args, decompositions):
+    # symbolic: decompositions applied here (clamp_'s, which broadcasts) see SymInts through the
+    # Python dispatcher; C++ kernels would want concrete sizes
     with torch.no_grad(), fx_traceback.preserve_node_meta():
         return make_fx(torch.func.functionalize(meta_keeping(gm), remove="mutations"),
-                       decomposition_table=decompositions)(*args)
+                       decomposition_table=decompositions, tracing_mode=tracing_mode(args))(*args)
 
 
 def _writes_intermediates(gm):

@@ -98,3 +98,23 @@ def test_a_backward_that_needs_a_size_only_a_sum_of_sizes_holds_compiles():
             (fn(a, b)[0] * torch.randn(8, n + m)).sum().backward()
             grads.append((a.grad, b.grad))
         torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_an_in_place_clamp_of_an_intermediate_trains_under_dynamic_sizes():
+    """clamp_ on cat's result: functionalizing the joint graph decomposes it (a broadcast over
+    symbolic sizes), which raised "SymIntArrayRef expected to contain only concrete integers"
+    without the Python dispatcher (found by tests/compiler/test_fuzz_training.py)."""
+    def f(a, b):
+        t = torch.cat([torch.where(a > 0.5, b, a), a], 0)
+        t.clamp_(min=-0.25)
+        return t * 3
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (2, 5):
+        grads = []
+        for fn in (f, compiled):
+            torch.manual_seed(n)
+            a, b = torch.randn(n, 3, requires_grad=True), torch.randn(n, 3, requires_grad=True)
+            (fn(a, b) * torch.randn(2 * n, 3)).sum().backward()
+            grads.append((a.grad, b.grad))
+        torch.testing.assert_close(grads[1], grads[0])
