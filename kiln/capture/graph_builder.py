@@ -109,9 +109,9 @@ class OutputGraph:
         self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
         self.guards = GuardSet()
         self.side_effects = SideEffects()
-        # exceptions the program caught during capture (id -> the object, kept alive) and the
-        # __traceback__ it set on ones made here: see exception_state.traceback_of
-        self.caught_exceptions, self.set_tracebacks = {}, {}
+        # the __traceback__ of exceptions raised or given one during capture: id -> (the exception,
+        # kept alive; its traceback's Variable), see tracebacks.py
+        self.tracebacks = {}
         # the exception the compiled function's caller is handling, read now: capture starts in no
         # except block of kiln's own (later, kiln code handling its own exceptions may call user code)
         self.caller_exception = sys.exc_info()[1]
