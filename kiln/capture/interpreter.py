@@ -239,8 +239,8 @@ class Frame:
         value = getattr(exc, "value", None)
         if not isinstance(value, BaseException):
             raise Unsupported("a with-block left by an exception capture does not know")
-        exc_type = self.og.wrap(type(value), None, guard=False)
-        self.push(objects.call(self, self.stack[-4], [exc_type, exc, const(None)], {}))
+        exc_type = self.og.wrap(type(value), None, guard=False)  # (and its traceback, as CPython passes it)
+        self.push(objects.call(self, self.stack[-4], [exc_type, exc, tracebacks.traceback_var(self.og, exc)], {}))
 
     # ---- stack ----------------------------------------------------------------------------------
     def NOP(self, inst):

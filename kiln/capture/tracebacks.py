@@ -92,6 +92,14 @@ def traceback_of(og, exc):
     return entry[1] if entry is not None else const(None)
 
 
+def traceback_var(og, exc_var):
+    """The Variable of `exc.__traceback__` for an exception's Variable: modelled for one made during this
+    capture, the real one (unguarded, as the exception itself) for one that exists outside it."""
+    if exc_var.source is None:
+        return traceback_of(og, exc_var.value)
+    return og.wrap(exc_var.value.__traceback__, None, guard=False)
+
+
 def set_traceback(og, exc, value):
     """`exc.__traceback__ = value`: None or a traceback (CPython's TypeError otherwise)."""
     if _is_none(value) or isinstance(value, (UnknownTraceback, TracebackVariable)) or \

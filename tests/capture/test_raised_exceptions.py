@@ -2,6 +2,8 @@
 values that fails (1 // 0, "a" + 1), a sequence indexed past its end, and PEP 479's RuntimeError
 for a StopIteration leaving a generator's body. The program may catch them inside the compiled
 frame (one graph), or they leave it exactly as eager code's would. Each runs eagerly and compiled."""
+import contextlib
+
 import pytest
 import torch
 
@@ -296,8 +298,37 @@ def relinks_tracebacks(x):
     return x - 1, second.tb_next.tb_lineno, second.tb_next.tb_next, loop, wrong
 
 
+@contextlib.contextmanager
+def _plain_block():
+    yield
+
+
+class _ExitSeesTraceback:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self.tb_line = tb.tb_lineno
+        return False
+
+
+def traceback_through_with_blocks(x):
+    try:
+        with _plain_block():  # (contextlib's __exit__ sets the traceback it is given back on the exception)
+            raise ValueError("in a generator's block")
+    except ValueError as e:
+        kept = e.__traceback__ is not None
+    seen = _ExitSeesTraceback()
+    try:
+        with seen:
+            raise KeyError("in a class's block")
+    except KeyError:
+        pass
+    return x + 1, kept, seen.tb_line
+
+
 @pytest.mark.parametrize("fn", [walks_traceback_lines, raises_caught_one_again, traceback_through_a_generator,
-                                relinks_tracebacks])
+                                relinks_tracebacks, traceback_through_with_blocks])
 def test_traceback_entries_and_lines_are_cpythons(fn):
     # an entry per frame the exception passes through, none for a bare raise; tb_next settable, loops
     # refused (before: any use of a traceback's entries stopped the capture)
