@@ -197,6 +197,9 @@ glue.REBUILDERS[ItertoolsIterator] = _rebuild
 
 # ---- tee: iterators over one shared buffer ------------------------------------------------------
 _TEE = type(itertools.tee(())[0])
+# whether tee() of a tee iterator hands that iterator itself back as its first result (CPython's C
+# tee did; later versions copy it): asked of the running CPython, not of its version number
+_TEE_HANDS_BACK_A_TEE = (lambda probe: itertools.tee(probe, 1)[0] is probe)(itertools.tee(())[0])
 
 
 class TeeBuffer(Variable):
@@ -223,8 +226,9 @@ def _tee(frame, args, kwargs):
     it = get_iter(frame, iterable)
     if n == 0:
         return TupleVariable([])
-    if isinstance(it, TeeIterator):  # CPython hands back a copyable iterator itself, then copies of it
-        return TupleVariable([it] + [TeeIterator(it.buffer, it.pos) for _ in range(n - 1)])
+    if isinstance(it, TeeIterator):  # copies sharing its buffer from where it stands (first: itself, where CPython does so)
+        first = [it] if _TEE_HANDS_BACK_A_TEE else []
+        return TupleVariable(first + [TeeIterator(it.buffer, it.pos) for _ in range(n - len(first))])
     if hasattr(it.python_type(), "__copy__"):
         raise Unsupported(f"tee() of a {it.python_type().__qualname__}, which CPython copies with its __copy__",
                           kind="unsupported_call")
