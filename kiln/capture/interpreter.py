@@ -154,7 +154,7 @@ class Frame:
         capture = self.capture
         if self.thrown is not None:  # gen.throw()/close(): the exception comes out of the paused yield
             exc, self.thrown = self.thrown, None
-            tracebacks.passes_through(self.og, exc, self.insts[self.ip - 1])  # (raised at the paused yield)
+            tracebacks.passes_through(self, exc, self.insts[self.ip - 1])  # (raised at the paused yield)
             if not self._handle_exception(self.insts[self.ip - 1], exc):
                 raise Unsupported(f"{type(exc).__name__} thrown into a generator", python_exception=exc)
         while True:
@@ -176,7 +176,7 @@ class Frame:
             except Unsupported as e:
                 if e.python_exception is not None:
                     if e.reraised_in is not self:  # (a bare raise or RERAISE adds no traceback entry)
-                        tracebacks.passes_through(self.og, e.python_exception, inst)
+                        tracebacks.passes_through(self, e.python_exception, inst)
                     if self._handle_exception(inst, e.python_exception):
                         continue
                 # name the innermost line of the user's own code (not torch's or the stdlib's)

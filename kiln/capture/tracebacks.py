@@ -12,10 +12,15 @@ An exception raised by Python code capture ran natively (not followed frame by f
 eager code that capture does not know: the chain ends in an UnknownTraceback there, which `is None`
 is False of and any other use stops the capture. An exception made but never raised has no traceback
 (None, as in eager code); one the program set (`e.__traceback__ = tb`, `with_traceback`) has what it set.
+
+An exception made during capture that outlives it (returned, or alive past a graph break) is copied
+per call by the glue (exception_copies); the copy gets a real traceback with these entries (file,
+function, line as eager's; a stand-in frame object, as compiled code has none of the user's frames).
 """
 import os
 import types
 
+from kiln.capture.resume import original_code
 from kiln.capture.variables import ConstantVariable, HandlerVariable, ObjectVariable, const
 from kiln.exc import Unsupported
 
@@ -33,8 +38,8 @@ class TracebackVariable(HandlerVariable):
     """One traceback entry made during capture: the line of the instruction the exception passed
     through, and `tb_next` (the Variable of the next entry, or Const(None))."""
 
-    def __init__(self, lineno, tb_next):
-        self.lineno, self.tb_next = lineno, tb_next
+    def __init__(self, code, lineno, tb_next):
+        self.code, self.lineno, self.tb_next = code, lineno, tb_next
 
     def python_type(self):
         return types.TracebackType
@@ -110,16 +115,47 @@ def set_traceback(og, exc, value):
     raise Unsupported(str(e), python_exception=e)
 
 
-def passes_through(og, exc, inst):
+def passes_through(frame, exc, inst):
     """`exc` passes through a frame of the capture at `inst` (raised there, or propagating into it from
     a call): a new entry goes in front of its traceback, as CPython's PyTraceBack_Here does."""
+    og = frame.og
     entry = og.tracebacks.get(id(exc))
     if entry is not None:
         below = entry[1]
     else:  # first seen: raised by capture itself, or natively (then its Python frames are unknown)
         below = UnknownTraceback() if _ran_python_code(exc.__traceback__) else const(None)
     lineno = inst.positions.lineno if inst.positions is not None else None
-    og.tracebacks[id(exc)] = (exc, TracebackVariable(lineno if lineno is not None else -1, below))
+    og.tracebacks[id(exc)] = (exc, TracebackVariable(frame.code, lineno if lineno is not None else -1, below))
+
+
+def escaping_tracebacks(og, exc):
+    """For the glue's copy of an exception made during capture that outlives it (returned, or alive
+    past a graph break): {id(exception): (entries, tail)} for it and the exceptions chained to it
+    whose traceback capture built. entries: (file, function name, line), outermost first, made
+    into real traceback entries by exception_copies; tail: a real traceback the chain ends in, or None
+    (also where capture does not know the rest of it: then only the entries it knows are there)."""
+    out, seen, todo = {}, set(), [exc]
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        entry = og.tracebacks.get(id(exc))
+        if entry is not None and not _is_none(entry[1]):
+            out[id(exc)] = _entries(entry[1])
+        todo += [exc.__cause__, exc.__context__]
+    return out
+
+
+def _entries(tb):
+    entries, seen = [], set()
+    while isinstance(tb, TracebackVariable) and id(tb) not in seen:
+        seen.add(id(tb))
+        code = original_code(tb.code)
+        entries.append((code.co_filename, code.co_name, tb.lineno))
+        tb = tb.tb_next
+    tail = tb.value if isinstance(tb, ObjectVariable) and isinstance(tb.value, types.TracebackType) else None
+    return tuple(entries), tail
 
 
 def _ran_python_code(tb):

@@ -399,6 +399,7 @@ def formats_containers_holding_themselves(x):
     return f"{items}", repr(table), str([items, table]), repr([shared, shared]), x.cos()
 
 
+@pytest.mark.torch_differs("torch.compile 2.13 refuses the repr of a dict holding itself")
 def test_a_container_holding_itself_formats_as_cpythons():
     # "[[...]]" and "{...}", as CPython's repr guard prints them (before: capture recursed until it
     # gave up: "recursion too deep during capture")

@@ -106,6 +106,7 @@ def tee_arguments_checked(x):
     return x, "", ()
 
 
+@pytest.mark.torch_differs("torch.compile 2.13 refuses tee of an iterator and misses tee's check of n")
 @pytest.mark.parametrize("fn", [tees_share_a_buffer, tee_arguments_checked])
 def test_tee_iterators_share_one_buffer_one_graph(fn):
     # (before: "call to builtin_function_or_method tee (not Python code kiln can follow)")
@@ -118,6 +119,7 @@ def tee_left_part_way(x):
     return x + 1, a, b
 
 
+@pytest.mark.torch_differs("torch.compile 2.13 refuses a generator expression's tee (uninitialized cell)")
 def test_tee_iterators_returned_part_way_share_their_buffer():
     x = torch.randn(3)
     _, a, b = kiln.compile(tee_left_part_way, backend=CompileCounter(), fullgraph=True)(x)
