@@ -30,6 +30,8 @@ class Unsupported(KilnError):
     kiln.debug.break_kinds (explanation, hint); an untagged raise site is classified by its message.
     """
 
+    reraised_in = None  # the capture frame whose bare raise / RERAISE raised python_exception again
+
     def __init__(self, msg, *, where=None, python_exception=None, kind=None):
         self.msg = msg
         self.where = where  # "file:line" in user code, when known

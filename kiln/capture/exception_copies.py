@@ -8,16 +8,20 @@ made per call: same class, `args`, instance attributes, the attributes CPython k
 (AttributeError.name, StopIteration.value, ...), and the chained __cause__/__context__ copied alike.
 User __init__ does not run again (eager ran it once per call; capture already ran it once).
 """
+import functools
 import types
 
 _LINKS = ("__cause__", "__context__")
-# state every exception has, set here on its own terms (or, for the traceback, not at all: capture
-# raises without frames, and reading it during capture is refused, see objects.getattr_var)
+# state every exception has, set here on its own terms (the traceback from what capture built, see
+# tracebacks.escaping_tracebacks: the real one on `proto` is kiln's own)
 _NOT_SLOTS = {"args", "__traceback__", "__cause__", "__context__", "__suppress_context__", "__dict__"}
 
 
-def fresh_exception(proto, memo=None):
-    """A new exception equal to `proto` in everything eager code can see but identity."""
+def fresh_exception(proto, tracebacks=None, memo=None):
+    """A new exception equal to `proto` in everything eager code can see but identity. `tracebacks`
+    ({id(proto or a chained exception): (entries, tail)}) gives those raised during capture their
+    traceback: an entry per frame they passed through, each with the file, function and line eager's
+    has; its frame object stands in for the frame (which compiled code never makes: no locals)."""
     memo = {} if memo is None else memo
     if id(proto) in memo:
         return memo[id(proto)]
@@ -34,9 +38,27 @@ def fresh_exception(proto, memo=None):
         exc.__dict__.update(proto.__dict__)
     for link in _LINKS:
         linked = getattr(proto, link)
-        setattr(exc, link, fresh_exception(linked, memo) if linked is not None else None)
+        setattr(exc, link, fresh_exception(linked, tracebacks, memo) if linked is not None else None)
     exc.__suppress_context__ = proto.__suppress_context__
+    if tracebacks and id(proto) in tracebacks:
+        exc.__traceback__ = _real_traceback(*tracebacks[id(proto)])
     return exc
+
+
+def _real_traceback(entries, tail):
+    tb = tail
+    for filename, name, lineno in reversed(entries):
+        # (tb_lasti -1: no instruction of the stand-in frame's code; traceback then prints no carets)
+        tb = types.TracebackType(tb, _frame_standing_for(filename, name), -1, lineno)
+    return tb
+
+
+@functools.lru_cache(maxsize=256)
+def _frame_standing_for(filename, name):
+    """A finished frame whose code names `filename` and `name` (traceback printing shows the user's file,
+    function and, from tb_lineno, line)."""
+    code = compile("def f():\n    return __import__('sys')._getframe()", filename, "exec").co_consts[0]
+    return types.FunctionType(code.replace(co_name=name, co_qualname=name), {"__builtins__": __builtins__})()
 
 
 def _slot_names(cls):

@@ -9,7 +9,7 @@ when the compiled code runs (else it recompiles).
 import sys
 
 from kiln.capture.python_builtins import BUILTIN_HANDLERS
-from kiln.capture.tracebacks import traceback_of
+from kiln.capture.tracebacks import traceback_var
 from kiln.capture.variables import ConstantVariable, TupleVariable, const
 from kiln.exc import Unsupported
 
@@ -30,9 +30,7 @@ def _exc_info(frame, args, kwargs):
     if handled is None:
         return const((None, None, None))
     exc = handled.value
-    tb = frame.og.wrap(exc.__traceback__, None, guard=False) if handled.source is not None else \
-        traceback_of(frame.og, exc)
-    return TupleVariable([frame.og.wrap(type(exc), None, guard=False), handled, tb])
+    return TupleVariable([frame.og.wrap(type(exc), None, guard=False), handled, traceback_var(frame.og, handled)])
 
 
 def _exception(frame, args, kwargs):

@@ -16,6 +16,7 @@ from kiln.capture import data_dicts, interpreter as interp
 from kiln.capture import resume
 from kiln.capture.exception_copies import fresh_exception
 from kiln.capture.sources import CodeContext
+from kiln.capture.tracebacks import escaping_tracebacks
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
                                     DictVariable, DictViewVariable, EnumerateIterator, ExitVariable, FilterIterator,
                                     MapIterator, SequenceIterator, ZipIterator,
@@ -181,7 +182,9 @@ class Glue:
                 self.outputs.append(var)
             return f"__o[{self._out_index[id(var)]}]"
         if isinstance(var, ObjectVariable) and var.source is None and isinstance(var.value, BaseException):
-            return f"{self.const(fresh_exception, 'FRESHEXC')}({self.const(var.value, 'OBJ')})"  # one per call
+            tbs = escaping_tracebacks(self.og, var.value)  # (what capture built of their tracebacks)
+            tbs = f", {self.const(tbs, 'TBS')}" if tbs else ""
+            return f"{self.const(fresh_exception, 'FRESHEXC')}({self.const(var.value, 'OBJ')}{tbs})"  # one per call
         if isinstance(var, ObjectVariable):
             return var.source.expr(self.ctx) if var.source is not None else self.const(var.value, "OBJ")
         if isinstance(var, (ListVariable, DictVariable, SetVariable)) and var.source is not None:

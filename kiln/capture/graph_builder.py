@@ -109,9 +109,9 @@ class OutputGraph:
         self.shape_source_of = {}  # ShapeSource -> the Source of that dynamic input
         self.guards = GuardSet()
         self.side_effects = SideEffects()
-        # exceptions the program caught during capture (id -> the object, kept alive) and the
-        # __traceback__ it set on ones made here: see exception_state.traceback_of
-        self.caught_exceptions, self.set_tracebacks = {}, {}
+        # the __traceback__ of exceptions raised or given one during capture: id -> (the exception,
+        # kept alive; its traceback's Variable), see tracebacks.py
+        self.tracebacks = {}
         # the exception the compiled function's caller is handling, read now: capture starts in no
         # except block of kiln's own (later, kiln code handling its own exceptions may call user code)
         self.caller_exception = sys.exc_info()[1]
@@ -417,7 +417,8 @@ class OutputGraph:
         except Unsupported:
             raise
         except Exception as e:
-            raise Unsupported(f"{_target_name(target)} failed on fake tensors: {type(e).__name__}: {e}",
+            raise Unsupported(f"{_target_name(target)} failed on fake tensors: "
+                              f"{self._fake_error_text(kind, target, fake_args, fake_kwargs, e)}",
                               kind="fake_tensor_failure") from e
         mutated = any(version_of(t.fake) != v for t, v in zip(tensors_in, versions)) or \
             (None in versions and _writes_by_name(target))
@@ -514,6 +515,27 @@ class OutputGraph:
                 if attempt or self._shape_env is not None:
                     raise
                 self.ensure_shape_env()
+
+    def _fake_error_text(self, kind, target, fake_args, fake_kwargs, e):
+        """The text of an op's failure on fake tensors. Where it ran the C++ kernels eager runs (static
+        sizes, see _dispatcher_for), the text of the Python decompositions torch.compile always runs
+        follows when they fail otherwise ("expand: the requested shape has too few dimensions!" for
+        eager's "expand(...): the number of sizes provided ..."), so that both eager's message and
+        torch.compile's are in kiln's error. The op's failure is rare: the second run costs nothing
+        on a path that works."""
+        text = f"{type(e).__name__}: {e}"
+        if not isinstance(e, RuntimeError) or _any_symbolic((fake_args, fake_kwargs)):
+            return text  # (it ran the Python decompositions already)
+        try:
+            with self.fake_mode, enable_python_dispatcher(), torch.set_grad_enabled(self.grad_enabled):
+                if kind == "call_method":
+                    getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    target(*fake_args, **fake_kwargs)
+        except Exception as again:  # noqa: BLE001 (any failure: only its text is used)
+            if str(again) != str(e):
+                text += f" (torch.compile's Python decomposition: {type(again).__name__}: {again})"
+        return text
 
     def _result_variable(self, node, result, tensors_in):
         if isinstance(result, torch.Tensor):

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from kiln.capture import bytecode_facts as facts
-from kiln.capture import data_scalars, objects
+from kiln.capture import data_scalars, objects, tracebacks
 from kiln.capture.code_index import instructions
 from kiln.capture.identity_table import IdentityTable
 from kiln.capture.sources import CellSource, GlobalSource, LocalSource
@@ -154,6 +154,7 @@ class Frame:
         capture = self.capture
         if self.thrown is not None:  # gen.throw()/close(): the exception comes out of the paused yield
             exc, self.thrown = self.thrown, None
+            tracebacks.passes_through(self, exc, self.insts[self.ip - 1])  # (raised at the paused yield)
             if not self._handle_exception(self.insts[self.ip - 1], exc):
                 raise Unsupported(f"{type(exc).__name__} thrown into a generator", python_exception=exc)
         while True:
@@ -173,8 +174,11 @@ class Frame:
                                       f"(opcode {inst.opname})", kind="unsupported_python")
                 result = handler(inst)
             except Unsupported as e:
-                if e.python_exception is not None and self._handle_exception(inst, e.python_exception):
-                    continue
+                if e.python_exception is not None:
+                    if e.reraised_in is not self:  # (a bare raise or RERAISE adds no traceback entry)
+                        tracebacks.passes_through(self, e.python_exception, inst)
+                    if self._handle_exception(inst, e.python_exception):
+                        continue
                 # name the innermost line of the user's own code (not torch's or the stdlib's)
                 if e.where is None or (not getattr(e, "where_is_user", False) and is_user_file(self.code.co_filename)):
                     e.where = self.where(inst)
@@ -197,7 +201,6 @@ class Frame:
         on this machine) inside a try block: continue at the handler, as CPython would."""
         for entry in self._exception_table():
             if entry.start <= inst.offset < entry.end:
-                self.og.caught_exceptions[id(exc)] = exc  # (raised for real in eager code: it has a traceback)
                 del self.stack[entry.depth:]
                 if entry.lasti:
                     self.push(const(inst.offset))
@@ -227,7 +230,7 @@ class Frame:
     def RERAISE(self, inst):
         value = getattr(self.pop(), "value", None)
         if isinstance(value, BaseException):  # an exception raised during capture, continuing outwards
-            raise Unsupported(f"{type(value).__name__} re-raised: {value}", python_exception=value)
+            raise _reraised(self, value)
         raise Unsupported("re-raising an exception during capture")
 
     def WITH_EXCEPT_START(self, inst):
@@ -236,8 +239,8 @@ class Frame:
         value = getattr(exc, "value", None)
         if not isinstance(value, BaseException):
             raise Unsupported("a with-block left by an exception capture does not know")
-        exc_type = self.og.wrap(type(value), None, guard=False)
-        self.push(objects.call(self, self.stack[-4], [exc_type, exc, const(None)], {}))
+        exc_type = self.og.wrap(type(value), None, guard=False)  # (and its traceback, as CPython passes it)
+        self.push(objects.call(self, self.stack[-4], [exc_type, exc, tracebacks.traceback_var(self.og, exc)], {}))
 
     # ---- stack ----------------------------------------------------------------------------------
     def NOP(self, inst):
@@ -306,8 +309,8 @@ class Frame:
             value = exc.value  # a Variable, or a plain value (see generator_models.stop_iteration)
             self.push(value if isinstance(value, Variable) else objects.wrap_const(self.og, value))
             return
-        if isinstance(exc, BaseException):
-            raise Unsupported(f"{type(exc).__name__} raised through `yield from`", python_exception=exc)
+        if isinstance(exc, BaseException):  # (its entry for this frame was made where it was thrown in)
+            raise _reraised(self, exc)
         raise Unsupported("an exception capture does not know, thrown through `yield from`")
 
     def GET_YIELD_FROM_ITER(self, inst):
@@ -874,7 +877,7 @@ class Frame:
             if handled is None:
                 e = RuntimeError("No active exception to reraise")
                 raise Unsupported(str(e), python_exception=e)
-            raise Unsupported(f"{type(handled).__name__} re-raised: {handled}", python_exception=handled)
+            raise _reraised(self, handled)
         cause = self.pop() if inst.arg == 2 else None
         value = _exception_instance(self.pop())
         if inst.arg == 2:
@@ -890,6 +893,14 @@ class Frame:
         if isinstance(handled, BaseException) and handled is not value:
             _chain_context(value, handled)
         raise Unsupported(f"{type(value).__name__} raised: {value}", python_exception=value)
+
+
+def _reraised(frame, value):
+    """`value` raised again as it is, by a bare raise or RERAISE in `frame`: its traceback gains no
+    entry there (CPython's RERAISE unwinds without PyTraceBack_Here)."""
+    e = Unsupported(f"{type(value).__name__} re-raised: {value}", python_exception=value)
+    e.reraised_in = frame
+    return e
 
 
 def _chain_context(value, handled):

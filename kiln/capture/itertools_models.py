@@ -1,15 +1,19 @@
 """itertools iterators made in the frame, as lazy as CPython's: count, repeat, compress, filterfalse,
 takewhile, dropwhile, starmap and islice each step only when an item is consumed (so they may be
 infinite, and a predicate or function runs when CPython would run it), and one still open when the
-frame returns or breaks is rebuilt as the same itertools object in the same state.
+frame returns or breaks is rebuilt as the same itertools object in the same state. tee's iterators
+share one buffer of the items read from the source, as CPython's do.
 
-Registered in objects.CONSTRUCTORS / ITERATOR_STEPS and glue.REBUILDERS."""
+Registered in objects.CONSTRUCTORS / ITERATOR_STEPS, python_builtins.BUILTIN_HANDLERS (tee) and
+glue.REBUILDERS."""
+import copy
 import itertools
 import operator
 
 from kiln.capture import glue, objects
-from kiln.capture.objects import apply_operator, call, const_value, get_iter, iter_next, truth, unpack_iterable
-from kiln.capture.variables import BaseIterator, ConstantVariable, const
+from kiln.capture.objects import (BUILTIN_HANDLERS, apply_operator, call, const_value, get_iter, iter_next, truth,
+                                 unpack_iterable)
+from kiln.capture.variables import BaseIterator, ConstantVariable, TupleVariable, Variable, const
 from kiln.exc import Unsupported
 
 
@@ -189,3 +193,95 @@ for _kind in _MAKERS:
     objects.CONSTRUCTORS[_kind] = lambda frame, args, kwargs, kind=_kind: _make(kind, frame, args, kwargs)
 objects.ITERATOR_STEPS[ItertoolsIterator] = _next
 glue.REBUILDERS[ItertoolsIterator] = _rebuild
+
+
+# ---- tee: iterators over one shared buffer ------------------------------------------------------
+_TEE = type(itertools.tee(())[0])
+# whether tee() of a tee iterator hands that iterator itself back as its first result (CPython's C
+# tee did; later versions copy it): asked of the running CPython, not of its version number
+_TEE_HANDS_BACK_A_TEE = (lambda probe: itertools.tee(probe, 1)[0] is probe)(itertools.tee(())[0])
+
+
+class TeeBuffer(Variable):
+    """What a group of tee iterators share: the source iterator and the items read from it so far
+    (CPython drops items every iterator has passed; keeping them changes nothing a program sees)."""
+
+    def __init__(self, source):
+        self.source, self.items, self.members = source, [], []
+
+
+class TeeIterator(BaseIterator):
+    """One of tee()'s iterators: its position in the shared buffer."""
+
+    def __init__(self, buffer, pos):
+        self.buffer, self.pos = buffer, pos
+        buffer.members.append(self)
+
+    def python_type(self):
+        return _TEE
+
+
+def _tee(frame, args, kwargs):
+    iterable, n = _tee_arguments(args, kwargs)
+    it = get_iter(frame, iterable)
+    if n == 0:
+        return TupleVariable([])
+    if isinstance(it, TeeIterator):  # copies sharing its buffer from where it stands (first: itself, where CPython does so)
+        first = [it] if _TEE_HANDS_BACK_A_TEE else []
+        return TupleVariable(first + [TeeIterator(it.buffer, it.pos) for _ in range(n - len(first))])
+    if hasattr(it.python_type(), "__copy__"):
+        raise Unsupported(f"tee() of a {it.python_type().__qualname__}, which CPython copies with its __copy__",
+                          kind="unsupported_call")
+    buffer = TeeBuffer(it)
+    return TupleVariable([TeeIterator(buffer, 0) for _ in range(n)])
+
+
+def _tee_arguments(args, kwargs):
+    if kwargs:
+        e = TypeError("tee() takes no keyword arguments")
+        raise Unsupported(str(e), python_exception=e)
+    if not 1 <= len(args) <= 2:
+        e = TypeError(f"tee expected at most 2 arguments, got {len(args)}" if args else
+                      "tee expected at least 1 argument, got 0")
+        raise Unsupported(str(e), python_exception=e)
+    n = const_value(args[1], "tee's n") if len(args) == 2 else 2
+    _native_check(itertools.tee, [[], n], {})  # (n's type and sign, judged by CPython)
+    return args[0], n
+
+
+def _tee_next(frame, it):
+    buffer = it.buffer
+    if it.pos == len(buffer.items):
+        item = iter_next(frame, buffer.source)
+        if item is None:
+            return None
+        buffer.items.append(item)
+    it.pos += 1
+    return buffer.items[it.pos - 1]
+
+
+def _tee_root(items, source):
+    """At run time: a tee iterator standing before `items` and then the rest of `source`; copies of it
+    share its buffer, as the iterators tee() made in the frame share theirs."""
+    return itertools.tee(itertools.chain(items, source), 1)[0]
+
+
+def _tee_copy_at(root, n):
+    return glue._advanced(copy.copy(root), n)
+
+
+def _rebuild_tee_buffer(g, buffer):
+    start = min(m.pos for m in buffer.members)  # (items every iterator has passed are not needed)
+    items = "[" + "".join(f"{g.value(i)}, " for i in buffer.items[start:]) + "]"
+    return f"{g.const(_tee_root, 'TEEROOT')}({items}, {g.value(buffer.source)})"
+
+
+def _rebuild_tee(g, it):
+    start = min(m.pos for m in it.buffer.members)
+    return f"{g.const(_tee_copy_at, 'TEEAT')}({g.value(it.buffer)}, {it.pos - start})"
+
+
+BUILTIN_HANDLERS[itertools.tee] = _tee
+objects.ITERATOR_STEPS[TeeIterator] = _tee_next
+glue.REBUILDERS[TeeBuffer] = _rebuild_tee_buffer
+glue.REBUILDERS[TeeIterator] = _rebuild_tee

@@ -23,6 +23,7 @@ import pathlib
 import re
 import struct
 import sys
+import traceback
 import types
 import unicodedata
 
@@ -110,6 +111,21 @@ def _with_traceback(frame, args, kwargs):
 
 
 BUILTIN_HANDLERS[BaseException.with_traceback] = _with_traceback
+
+
+def _clear_frames(frame, args, kwargs):
+    """traceback.clear_frames(tb) (unittest's assertRaises calls it) on a traceback capture made: its
+    frames are capture's, which compiled code never has; clearing their locals (eager drops what
+    finished frames hold) has nothing to do. Another traceback's frames are not capture's to clear."""
+    tb = args[0] if len(args) == 1 and not kwargs else None
+    if not (isinstance(tb, (tracebacks.TracebackVariable, tracebacks.UnknownTraceback)) or
+            isinstance(tb, ConstantVariable) and tb.value is None):
+        raise Unsupported("traceback.clear_frames of a traceback that exists outside the capture",
+                          kind="unsupported_call")
+    return ConstantVariable(None)
+
+
+BUILTIN_HANDLERS[traceback.clear_frames] = _clear_frames
 
 
 def _fspath(frame, args, kwargs):

@@ -107,8 +107,11 @@ def wrap_const(og, value):
     return og.wrap(value, None, guard=False)
 
 
-def const_value(v, why="a non-constant value"):
-    """The Python value of a constant Variable (containers of constants too), else Unsupported."""
+def const_value(v, why="a non-constant value", _made=None):
+    """The Python value of a constant Variable (containers of constants too), else Unsupported.
+
+    A container Variable met twice gives one object, as in the program: a list that holds itself
+    becomes a list that holds itself (its repr is CPython's "[[...]]"), not an endless recursion."""
     if isinstance(v, ConstantVariable):
         return v.value
     if isinstance(v, ObjectVariable) and not isinstance(v.value, (torch.nn.Module,)):
@@ -116,21 +119,13 @@ def const_value(v, why="a non-constant value"):
             raise Unsupported(f"{why}: the whole contents of a {type(v.value).__qualname__} object (only its "
                               f"type is guarded)")
         return v.value
-    if isinstance(v, ListVariable):
-        return [const_value(i, why) for i in v.items]
-    if isinstance(v, TupleVariable):
-        vals = [const_value(i, why) for i in v.items]
-        return v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
-    if isinstance(v, DictVariable):
-        if any(isinstance(k, VariableKey) for k in v.items):
-            raise Unsupported(f"{why}: a dict with tensor or object keys", kind="unsupported_object")
-        return {k: const_value(i, why) for k, i in v.items.items()}
-    if isinstance(v, SetVariable):
-        if v.cls not in (set, frozenset):  # (a plain set would lose the subclass's type and methods)
-            raise Unsupported(f"{why}: an instance of the set subclass {v.cls.__qualname__}",
-                              kind="unsupported_object")
-        items = {const_value(i, why) for i in v.items}
-        return frozenset(items) if v.cls is frozenset else items
+    if isinstance(v, (ListVariable, TupleVariable, DictVariable, SetVariable)):
+        made = {} if _made is None else _made
+        if id(v) in made:
+            if made[id(v)] is _BUILDING:  # (a tuple or set reached again through its own items)
+                raise Unsupported(f"{why}: a {type(v).__name__} that holds itself", kind="unsupported_object")
+            return made[id(v)][0]
+        return _container_value(v, why, made)
     if isinstance(v, TensorVariable):
         raise Unsupported(f"{why}: a tensor's data is needed in Python", kind="data_dependent")
     if isinstance(v, SymNodeVariable):
@@ -142,6 +137,38 @@ def const_value(v, why="a non-constant value"):
     if isinstance(v, MethodVariable) and isinstance(v.obj, ObjectVariable) and isinstance(v.fn, types.FunctionType):
         return types.MethodType(v.fn, v.obj.value)
     raise Unsupported(f"{why} ({describe(v)})")
+
+
+_BUILDING = object()
+
+
+def _container_value(v, why, made):
+    """const_value of a container Variable; `made` maps id(Variable) -> (its value,) once made. A list
+    or dict is entered there before its items are made (so they may hold it); a tuple or set after."""
+    made[id(v)] = _BUILDING
+    if isinstance(v, ListVariable):
+        out = []
+        made[id(v)] = (out,)
+        out.extend(const_value(i, why, made) for i in v.items)
+        return out
+    if isinstance(v, DictVariable):
+        if any(isinstance(k, VariableKey) for k in v.items):
+            raise Unsupported(f"{why}: a dict with tensor or object keys", kind="unsupported_object")
+        out = {}
+        made[id(v)] = (out,)
+        out.update((k, const_value(i, why, made)) for k, i in v.items.items())
+        return out
+    if isinstance(v, TupleVariable):
+        vals = [const_value(i, why, made) for i in v.items]
+        out = v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
+    else:
+        if v.cls not in (set, frozenset):  # (a plain set would lose the subclass's type and methods)
+            raise Unsupported(f"{why}: an instance of the set subclass {v.cls.__qualname__}",
+                              kind="unsupported_object")
+        items = {const_value(i, why, made) for i in v.items}
+        out = frozenset(items) if v.cls is frozenset else items
+    made[id(v)] = (out,)
+    return out
 
 
 def specialize(v):

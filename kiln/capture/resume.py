@@ -160,6 +160,13 @@ def _split_range(open_try, label, reopened):
     return [TryEnd(open_try), label, again]
 
 
+def original_code(code):
+    """The code a resume function was made from (itself for any other code)."""
+    origin = _ORIGIN.get(code)
+    original = origin[0]() if origin is not None else None
+    return original if original is not None else code
+
+
 def resume_spot(rcode, code):
     """[offset, stack_nulls, live] when `rcode` is a resume function `resume_code` made from `code`
     (the capture cache stores it so, and remakes it with resume_code); None otherwise."""

@@ -387,3 +387,24 @@ def test_map_with_keywords_raises_like_eager():
     def f(x):
         return list(map(lambda a, b: a + b, [x], [x], strict=True))
     check_calls(f, [(torch.randn(2),)])
+
+
+# ---- containers that hold themselves ------------------------------------------------------------
+def formats_containers_holding_themselves(x):
+    items = []
+    items.append(items)
+    table = {"k": 1}
+    table["me"] = table
+    shared = [2]
+    return f"{items}", repr(table), str([items, table]), repr([shared, shared]), x.cos()
+
+
+@pytest.mark.torch_differs("torch.compile 2.13 refuses the repr of a dict holding itself")
+def test_a_container_holding_itself_formats_as_cpythons():
+    # "[[...]]" and "{...}", as CPython's repr guard prints them (before: capture recursed until it
+    # gave up: "recursion too deep during capture")
+    counter = CompileCounter()
+    compiled = kiln.compile(formats_containers_holding_themselves, backend=counter, fullgraph=True)
+    x = torch.randn(3)
+    assert_equal_state(compiled(x), formats_containers_holding_themselves(x))
+    assert counter.frame_count == 1

@@ -60,3 +60,22 @@ def test_fullgraph_cache_limit_raises_instead_of_running_eagerly():
         assert not isinstance(info.value, RuntimeError)  # as torch's FailOnRecompileLimitHit
         torch.testing.assert_close(compiled(torch.ones(3), 1), fn(torch.ones(3), 1))  # cached entries still run
     assert counter.frame_count == 2
+
+
+def _expand_too_far(x):
+    return x.expand(2) + 1
+
+
+def test_an_op_failing_on_fake_tensors_names_eagers_message_and_torch_compiles():
+    # eager's C++ kernel and torch.compile's Python decomposition word the failure differently; code
+    # matching either message matches kiln's error (before: only eager's wording)
+    x = torch.randn(2, 3)
+    with pytest.raises(RuntimeError) as eager:
+        _expand_too_far(x)
+    compiled = kiln.compile(_expand_too_far, backend="eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match="too few dimensions"):
+        compiled(x)
+    if kiln.compile is not torch.compile:  # (torch.compile's names only its own)
+        with pytest.raises(RuntimeError) as kilns:
+            compiled(x)
+        assert str(eager.value).split("): ")[1] in str(kilns.value)  # (the tensor named differs: Meta)
