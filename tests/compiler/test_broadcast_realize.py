@@ -28,6 +28,12 @@ def test_eval_batch_norm_scale_is_computed_per_channel():
     assert per_element_kernels(c, 16), c.kiln_kernels  # weight / sqrt(var + eps): one loop over channels
 
 
+def test_eval_batch_norm_shift_is_computed_per_channel_too():
+    # bias - mean * scale: the same loop over channels makes it, so each pixel does one multiply-add
+    c = check(batch_norm_relu, *batch_norm_args((2, 16, 12, 12)))
+    assert sum(len(k.buffers) for k in per_element_kernels(c, 16)) == 2, c.kiln_kernels
+
+
 @pytest.mark.parametrize("shape", [(4, 8), (2, 8, 20), (2, 8, 4, 5, 6)])
 def test_eval_batch_norm_any_rank(shape):
     check(batch_norm_relu, *batch_norm_args(shape))

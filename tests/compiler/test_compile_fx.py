@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.compiler import compile_fx
+from kiln.compiler import compile_fx, lowerings
 from kiln.config import compiler_options
 
 
@@ -134,7 +134,10 @@ def test_flip_diagonal_repeat():
     assert not c.kiln_fallbacks
 
 
-def test_cat_pad_embedding_gather_index():
+def test_cat_pad_embedding_gather_index(monkeypatch):
+    # a cat of three parts fuses when the limit allows (by default it goes to aten: see
+    # test_a_cat_of_many_parts_is_copied_by_aten_and_read_plainly): its chain of selects is tested here
+    monkeypatch.setattr(lowerings, "CAT_FUSE_MAX_PARTS", 16)
     x = torch.randn(6, 5)
     idx = torch.tensor([[0, 4], [3, 3], [1, 0], [2, 2], [4, 1], [0, 0]])
     rows = torch.tensor([5, 0, -1, 2])
@@ -285,3 +288,18 @@ def test_symbolic_sizes_run_through_aten():
     x = torch.tensor([0.0, 1.5, 0.0, 2.0])
     c = check(lambda x: x[x.nonzero().flatten()] * 2, x)
     assert c.kiln_fallbacks == ["<whole graph>"]
+
+
+def test_a_cat_of_many_parts_is_copied_by_aten_and_read_plainly():
+    """A cat fused into its consumer loads from every part for each element (a gather where the cat
+    dim is the contiguous one): past lowerings.CAT_FUSE_MAX_PARTS parts, aten copies the parts once
+    and the consumer (batch norm + ReLU, as in DenseNet) reads one buffer; two parts stay fused."""
+    def block(a, b, c, d, e, mean, var):
+        return torch.relu(F.batch_norm(torch.cat([a, b, c, d, e], 1), mean, var, training=False))
+
+    parts = [torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last) for _ in range(5)]
+    c = check(block, *parts, torch.randn(40), torch.rand(40) + 0.5)
+    assert "aten.cat.default" in str(c.kiln_fallbacks), c.kiln_fallbacks
+    assert not any("cat" in k.name for k in kernels(c)), kernels(c)
+    two = check(lambda a, b: torch.relu(torch.cat([-b, a], -1)), torch.randn(4, 16), torch.randn(4, 16))
+    assert not two.kiln_fallbacks and len(kernels(two)) == 1

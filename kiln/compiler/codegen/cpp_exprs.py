@@ -161,8 +161,8 @@ REDUCTIONS = {
     "prod": ("1", "{acc} = {acc} * {v};", "*"),
     "any": ("false", "{acc} = {acc} || {v};", "||"),
     "all": ("true", "{acc} = {acc} && {v};", "&&"),
-    "max": (None, "{acc} = kiln_max({acc}, {v});", "max"),
-    "min": (None, "{acc} = kiln_min({acc}, {v});", "min"),
+    "max": (None, "{acc} = kiln_max_acc({acc}, {v});", "max"),
+    "min": (None, "{acc} = kiln_min_acc({acc}, {v});", "min"),
 }
 
 

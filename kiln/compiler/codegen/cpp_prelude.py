@@ -26,6 +26,11 @@ PRELUDE = r"""
 // -fno-trapping-math, gcc 12 vectorizes a chain of nine of these (a 3x3 max pool) only in this form
 template <typename T> static inline T kiln_max(T a, T b) { return (b != b) ? b : ((a >= b || a != a) ? a : b); }
 template <typename T> static inline T kiln_min(T a, T b) { return (b != b) ? b : ((a <= b || a != a) ? a : b); }
+// the same as an accumulator's update (a max/min reduction): a's NaN test, then one compare, two
+// selects per vector instead of six ops; gcc vectorizes a reduction in this form, though not a
+// chain of nine (a 3x3 max pool), which keeps kiln_max's
+template <typename T> static inline T kiln_max_acc(T a, T b) { return (a != a) ? a : ((a >= b) ? a : b); }
+template <typename T> static inline T kiln_min_acc(T a, T b) { return (a != a) ? a : ((a <= b) ? a : b); }
 template <typename T> static inline T kiln_relu(T a) { return a < 0 ? T(0) : a; }
 // index min/max by value: std::min/max take references, which makes an omp simd loop keep its
 // index temporaries in memory (and gcc then refuses to vectorize it)
@@ -90,15 +95,16 @@ static inline float kiln_round_bf16(float x) { return kiln_bf16_load(kiln_bf16_s
 static inline float kiln_exp(float x) {
   // inputs whose result is 0 or inf (set at the end) compute exp(0) instead: scaling by 2^-150
   // makes denormal intermediates, which cost x86 ~100 cycles each (a masked attention row is
-  // mostly float-min logits: 6x slower softmax). Three selects, not one with ||, which gcc does not
-  // vectorize
+  // mostly float-min logits: 6x slower softmax). Two selects, not one with ||, which gcc does not
+  // vectorize. NaN needs no select: it flows through the arithmetic (any NaN operand makes the
+  // product NaN, whatever scale its bits give), which saves two of the ~20 vector ops; the integer
+  // steps are unsigned so that NaN's bits do not overflow a signed int
   float xc = x < -103.97207708f ? 0.0f : x;
   xc = x > 88.72283905206835f ? 0.0f : xc;
-  xc = x != x ? 0.0f : xc;
   float t = xc * 1.44269504088896341f + 12582912.0f;  // round to nearest via the 1.5*2^23 trick
   float n = t - 12582912.0f;
-  int32_t ti; std::memcpy(&ti, &t, 4);
-  int32_t ni = ti - 0x4B400000;
+  uint32_t ti; std::memcpy(&ti, &t, 4);
+  int32_t ni = (int32_t)(ti - 0x4B400000u);
   float r = std::fma(n, -0.693359375f, xc);
   r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500E-4f;
@@ -108,13 +114,12 @@ static inline float kiln_exp(float x) {
   p = std::fma(p, r, 1.6666665459E-1f);
   p = std::fma(p, r, 5.0000001201E-1f);
   p = std::fma(p, r * r, r) + 1.0f;
-  int32_t n1 = ni >> 1, n2 = ni - n1;  // two scalings reach denormal results
-  int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  int32_t n1 = ni >> 1, n2 = (int32_t)((uint32_t)ni - (uint32_t)n1);  // two scalings reach denormal results
+  uint32_t b1 = ((uint32_t)n1 + 127u) << 23, b2 = ((uint32_t)n2 + 127u) << 23;
   float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
   float res = p * s1 * s2;
   res = x > 88.72283905206835f ? std::numeric_limits<float>::infinity() : res;
-  res = x < -103.97207708f ? 0.0f : res;
-  return x != x ? x : res;
+  return x < -103.97207708f ? 0.0f : res;
 }
 static inline double kiln_exp(double x) { return std::exp(x); }
 static inline float kiln_tanh(float x) {
