@@ -86,3 +86,29 @@ def test_graph_loaded_from_the_graph_cache_calls_natively(tmp_path, monkeypatch)
     assert natives and all(native_calls.entry_of(v) is not None for v in natives)
     lines = entry_lines(loaded.kiln_wrapper)
     assert lines and not any("data_ptr()" in line for line in lines)
+
+
+def test_an_entry_of_over_a_thousand_buffers_is_called():
+    """A sum of 1100 tensors fuses into one entry of 1101 pointers, as does the backward of an
+    unbind of 1031 rows: ctypes calls at most 1024 arguments (BackendCompilerFailed), so such an
+    entry takes its arguments as one array (found by tests/compiler/test_fuzz_training.py)."""
+    import kiln
+
+    def total(xs):
+        out = xs[0]
+        for x in xs[1:]:
+            out = out + x
+        return out
+
+    xs = [torch.randn(4) for _ in range(1100)]
+    torch.testing.assert_close(kiln.compile(total)(xs), total(xs))
+
+    def row(a):
+        return a.softmax(-1).unbind(1)[794]
+
+    grads = []
+    for fn in (row, kiln.compile(row)):
+        a = torch.linspace(-1, 1, 9 * 1031).reshape(9, 1031).requires_grad_()
+        fn(a).sum().backward()
+        grads.append(a.grad)
+    torch.testing.assert_close(grads[1], grads[0])

@@ -40,6 +40,13 @@ class Entry:
     uses_workspace: bool
     sizes: list = dataclasses.field(default_factory=list)  # size symbols passed as int64_t, after the pointers
     checks: list = dataclasses.field(default_factory=list)  # CheckSites: takes `int64_t* kiln_err` last
+    packed: bool = False  # takes those as one array of 64-bit words (over PACK_ABOVE arguments)
+
+
+# An entry with more arguments than this takes them as one array of 64-bit words: ctypes calls
+# functions of at most 1024 arguments (a sum of 1100 tensors, or the backward of an unbind of 1031
+# rows, fuses that many buffers into one entry), and a call this wide costs its conversions anyway.
+PACK_ABOVE = 256
 
 
 class KernelWriter:
@@ -301,6 +308,15 @@ class KernelWriter:
         printer.lines.append(pad + update)
 
 
+def _unpack(param, k):
+    """The declaration of parameter `param` ("void* p_x", "const double s0") read from word k of
+    kiln_packed_args (a double's bits copied, not converted)."""
+    ctype, name = param.rsplit(" ", 1)
+    if "double" in ctype:
+        return f"  double {name}; std::memcpy(&{name}, &kiln_packed_args[{k}], sizeof(double));"
+    return f"  {ctype} {name} = ({ctype.replace('const ', '')})kiln_packed_args[{k}];"
+
+
 def generate(program, memory, options, symbols=(), kernels=None):
     """The C++ source for `program`'s `kernels` (default: all) and its entries (one per run of them
     with no other step between), its buffers placed as `memory` (a memory_plan.MemoryPlan) says.
@@ -342,6 +358,11 @@ def generate(program, memory, options, symbols=(), kernels=None):
         params = ([f"void* p_{a}" for a in args] + (["char* ws"] if entry.uses_workspace else [])
                   + [f"const {ctypes_of[name]} {name}" for name in entry.sizes])
         params += [f"int64_t* {ERROR_FLAG}"] if entry.checks else []
+        entry.packed = len(params) > PACK_ABOVE
+        if entry.packed:  # each parameter is read out of the array, in order
+            unpack = [_unpack(param, k) for k, param in enumerate(params)]
+            params = ["const int64_t* kiln_packed_args"]
+            body = unpack + body
         parts.append(f'extern "C" void {entry.name}({", ".join(params)}) {{')
         parts += body
         parts.append("}\n")

@@ -32,6 +32,8 @@ def _emit_call(src, lib, entry, float_names):
     loaded and no size is a float, else through ctypes with each tensor's data_ptr()."""
     from kiln.compiler.wrapper import raise_failed_check
     fn = getattr(lib, entry.name)
+    if entry.packed:
+        return _emit_packed_call(src, fn, entry, float_names)
     fn.argtypes = ([ctypes.c_void_p] * (len(entry.args) + entry.uses_workspace)
                    + [ctypes.c_double if name in float_names else ctypes.c_int64 for name in entry.sizes]
                    + [ctypes.c_void_p] * bool(entry.checks))
@@ -48,3 +50,30 @@ def _emit_call(src, lib, entry, float_names):
     src.line(f"{src.constant(fn if native is None else native, 'entry')}({', '.join(call_args)})")
     if entry.checks:
         raise_failed_check(src, entry.checks, "cpu_err")
+
+
+def _emit_packed_call(src, fn, entry, float_names):
+    """A call of an entry that takes its arguments as one array of 64-bit words (cpp.PACK_ABOVE):
+    the wrapper fills the array (a float size as its bits) and passes its address."""
+    from kiln.compiler.wrapper import raise_failed_check
+    fn.argtypes, fn.restype = [ctypes.c_void_p], None
+    words = [f"{a}.data_ptr()" for a in entry.args] + (["(ws_ptr or 0)"] if entry.uses_workspace else [])
+    words += [f"_kiln_float_bits({name})" if name in float_names else name for name in entry.sizes]
+    if entry.checks:
+        if not getattr(src, "cpu_err_made", False):
+            src.cpu_err_made = True
+            src.line("cpu_err = (ctypes.c_int64 * 3)()")
+            src.line("cpu_err_ptr = ctypes.addressof(cpu_err)")
+        words.append("cpu_err_ptr")
+    array = src.constant(ctypes.c_int64 * len(words), "packed")
+    bits = src.constant(_float_bits, "_kiln_float_bits") if float_names else None
+    words = [w.replace("_kiln_float_bits(", f"{bits}(") for w in words]
+    src.line(f"packed_args = {array}({', '.join(words)})")
+    src.line(f"{src.constant(fn, 'entry')}(ctypes.addressof(packed_args))")
+    if entry.checks:
+        raise_failed_check(src, entry.checks, "cpu_err")
+
+
+def _float_bits(x):
+    """The 64-bit word holding the bits of double x."""
+    return ctypes.c_int64.from_buffer(ctypes.c_double(x)).value
