@@ -11,6 +11,7 @@ compiled training step's gradients (dynamic=True, two lengths) with eager's, bot
 eager, and prints the worst relative error of each. One JSON line per model.
 """
 import argparse
+import ast
 import contextlib
 import copy
 import io
@@ -30,9 +31,12 @@ SIDES = {8: 32, 13: 48, 21: 64}
 
 
 def build(model_type):
+    """`model_type`, or `model_type:key=value,key=value` for a config that needs more than SMALL's knobs."""
     from transformers import AutoConfig, AutoModel
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **SMALL)
+    model_type, _, extra = model_type.partition(":")
+    knobs = dict(SMALL, **{k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in extra.split(",") if kv)})
+    config = AutoConfig.for_model(model_type, **knobs)
     return config, AutoModel.from_config(config).eval()
 
 
