@@ -116,7 +116,8 @@ def probe_training(model_type):
     try:
         for length in LENGTHS[:2]:
             kw = inputs(config, model, length)
-            truth, eager, kilns = gradients(exact, exact, kw), gradients(model, model, kw), gradients(compiled, mine, kw)
+            wide = {k: v.double() if v.is_floating_point() else v for k, v in kw.items()}  # (images, audio)
+            truth, eager, kilns = gradients(exact, exact, wide), gradients(model, model, kw), gradients(compiled, mine, kw)
             worst = max((((kilns[n] - t).abs().max() / (t.abs().max() + 1e-30)).item(),
                          ((eager[n] - t).abs().max() / (t.abs().max() + 1e-30)).item(), n)
                         for n, t in truth.items() if t.abs().max() > 1e-12)

@@ -2098,8 +2098,8 @@ def _construct(frame, cls_var, cls, args, kwargs):
 
 def _python_library_class(cls):
     """A class of torch's written in Python that capture follows like user code (torch.distributions,
-    torch.testing's comparison pairs)."""
-    return cls.__module__.startswith(("torch.distributions.", "torch.testing."))
+    torch.testing's comparison pairs, torch.utils._pytree's TreeSpec that tree_flatten makes)."""
+    return cls.__module__.startswith(("torch.distributions.", "torch.testing.", "torch.utils._pytree"))
 
 
 def _construct_module(frame, cls, args, kwargs):
