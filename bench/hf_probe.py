@@ -118,9 +118,11 @@ def probe_training(model_type):
             kw = inputs(config, model, length)
             wide = {k: v.double() if v.is_floating_point() else v for k, v in kw.items()}  # (images, audio)
             truth, eager, kilns = gradients(exact, exact, wide), gradients(model, model, kw), gradients(compiled, mine, kw)
+            # a gradient that is zero in exact arithmetic (a bias under softmax) is rounding noise
+            scale = max(t.abs().max().item() for t in truth.values())
             worst = max((((kilns[n] - t).abs().max() / (t.abs().max() + 1e-30)).item(),
                          ((eager[n] - t).abs().max() / (t.abs().max() + 1e-30)).item(), n)
-                        for n, t in truth.items() if t.abs().max() > 1e-12)
+                        for n, t in truth.items() if t.abs().max() > 1e-6 * scale)
             row[length] = dict(kiln_error=f"{worst[0]:.1e}", eager_error=f"{worst[1]:.1e}", parameter=worst[2])
     except Exception as e:
         row["error"] = _error(e)
