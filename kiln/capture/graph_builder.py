@@ -760,6 +760,8 @@ def to_fake(tree):
         if isinstance(v, ObjectVariable):
             if v.opaque:  # only its type is guarded: its value must not become part of the graph
                 raise Unsupported(f"a {type(v.value).__qualname__} object passed to a tensor op")
+            if v.value in PYTHON_SCALAR_DTYPES:  # torch.zeros(n, dtype=int): the fake run checks it as eager does
+                return v.value
             if callable(v.value):  # fx would write its repr (`<function f at 0x..>`) into the graph's code
                 raise Unsupported(f"{getattr(v.value, '__qualname__', type(v.value).__qualname__)} passed to a tensor op")
             return v.value
@@ -767,10 +769,18 @@ def to_fake(tree):
     return _map_vars(conv, tree)
 
 
+# Python's scalar types where torch takes a dtype (`torch.zeros(n, dtype=int)`, `x.to(float)`): torch's
+# argument parser reads them as these dtypes, and only where it takes a dtype, so once the fake run has
+# accepted one, the node holds the dtype (fx cannot write `<class 'int'>` into a graph's code).
+PYTHON_SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
+
+
 def _to_nodes(tree):
     def conv(v):
         if isinstance(v, (TensorVariable, SymNodeVariable)):
             return v.node
+        if isinstance(v, ObjectVariable) and v.value in PYTHON_SCALAR_DTYPES:
+            return PYTHON_SCALAR_DTYPES[v.value]
         return v.value
     return _map_vars(conv, tree)
 

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from kiln.capture import data_scalars
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
-from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, to_fake
+from kiln.capture.graph_builder import PYTHON_SCALAR_DTYPES, TENSOR_FACTS, is_library_module, to_fake
 from kiln.capture.guards import held_weakly
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.config import config
@@ -1832,7 +1832,8 @@ def _passes_python_callable(args, kwargs):
     """A Python callable among the arguments: a graph node cannot hold one, so a torch function given
     one (torch.fx.node.map_aggregate(x, f)) is followed as Python code instead."""
     return any(isinstance(a, (FunctionVariable, MethodVariable)) or
-               isinstance(a, ObjectVariable) and callable(a.value) for a in _leaves(args, kwargs))
+               isinstance(a, ObjectVariable) and callable(a.value) and a.value not in PYTHON_SCALAR_DTYPES
+               for a in _leaves(args, kwargs))
 
 
 def _inline_function(frame, fn, args, kwargs, source=None):
@@ -2124,8 +2125,8 @@ def _construct(frame, cls_var, cls, args, kwargs):
 
 def _python_library_class(cls):
     """A class of torch's written in Python that capture follows like user code (torch.distributions,
-    torch.testing's comparison pairs)."""
-    return cls.__module__.startswith(("torch.distributions.", "torch.testing."))
+    torch.testing's comparison pairs, torch.utils._pytree's TreeSpec that tree_flatten makes)."""
+    return cls.__module__.startswith(("torch.distributions.", "torch.testing.", "torch.utils._pytree"))
 
 
 def _construct_module(frame, cls, args, kwargs):
