@@ -76,7 +76,7 @@ class Lookup:
         if self.key is None:
             return
         try:
-            _check_no_new_guards(self)
+            check_no_new_guards(self)
             entry = _describe(self, aten, flat_fn)
         except Uncacheable as e:
             stats.uncacheable += 1
@@ -109,7 +109,7 @@ def lookup(gm, example_inputs, options):
         stats.uncacheable += 1
         log("perf_hints", "graph not kept in the graph cache: %s", e)
         return _OFF
-    found = Lookup(key, None, gm, list(example_inputs), _guard_count(gm))
+    found = Lookup(key, None, gm, list(example_inputs), guard_count(gm))
     entry = _read(key)
     if entry is not None:
         try:
@@ -209,12 +209,12 @@ def size_facts(gm):
     return facts
 
 
-def _guard_count(gm):
+def guard_count(gm):
     env = _shape_env(gm) if symbolic_inputs(gm) is not None else None
     return 0 if env is None else len(env.guards)
 
 
-def _check_no_new_guards(lookup):
+def check_no_new_guards(lookup):
     """A compile that proved more about the sizes (a size is 1, a dim is contiguous) made code that
     holds only under those guards, which the key (the facts before the compile) does not hold: a
     later capture of the same graph without them would load code specialized for another size

@@ -34,6 +34,8 @@ class Lookup:
     key: str | None                 # None: not kept on disk
     graph: TrainingRun | None = None  # the loaded graph on a hit
     storages: frozenset = frozenset()  # the example inputs' and parameters' storages (no baked constant shares one)
+    gm: object = None
+    guards_before: int = 0          # the ShapeEnv's guards when the compile began
 
     def store_when_complete(self, graph):
         """Store `graph` (a training.TrainingGraph) once its backward compiles too."""
@@ -49,6 +51,7 @@ class Lookup:
 
     def _store(self, graph, backward):
         try:
+            graph_cache.check_no_new_guards(self)
             entry = {"format": FORMAT, "key": self.key, "signature": _describe_signature(graph.signature),
                      "saved_all_tensors": graph.plan.saved_all_tensors,
                      "forward": graph_cache.describe_compiled(graph.forward, {}, self.storages),
@@ -78,7 +81,8 @@ def lookup(gm, example_inputs, options, inner, recompute):
         log("perf_hints", "training graph not kept in the graph cache: %s", e)
         return Lookup(None)
     key = hashlib.sha256(json.dumps(["training", FORMAT, bool(recompute), graph_key]).encode()).hexdigest()
-    found = Lookup(key, storages=frozenset(graph_cache.input_storages(gm, example_inputs)))
+    found = Lookup(key, storages=frozenset(graph_cache.input_storages(gm, example_inputs)), gm=gm,
+                   guards_before=graph_cache.guard_count(gm))
     entry = build.read_sealed(_entry_path(key), lambda e: e.get("format") == FORMAT and e.get("key") == key)
     if entry is not None:
         try:
