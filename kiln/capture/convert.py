@@ -20,6 +20,7 @@ from kiln.capture import autograd_hooks
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
+from kiln.capture import user_backends
 from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, exception_state, fresh_modules, function_objects, generator_models, itertools_models,
                           library_models, numpy_support, function_transforms, profiler_blocks, python_builtins,
@@ -305,12 +306,13 @@ def _compile_graph(og, glue, backend, code):
     if og.op_count() == 0:
         return None, None
     gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
-    example_inputs = [t for _, t, _ in og.inputs]
+    user = user_backends.is_user_backend(backend)
+    example_inputs = user_backends.example_inputs(og, user)
     log_graph(code, gm)
     try:
         # in the mode the graph starts in, which it gets back after: tracing a graph through its grad
         # switches (make_fx runs torch._C._set_grad_enabled for real) must not leave one switched
-        with torch.set_grad_enabled(og.grad_at_entry):
+        with torch.set_grad_enabled(og.grad_at_entry), user_backends.context(og, user):
             compiled = backend(gm, example_inputs)
     except Exception as e:
         if config.suppress_errors:

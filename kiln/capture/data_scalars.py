@@ -60,7 +60,7 @@ def is_assert_branch(insts, index):
     return 0 <= index < len(insts) and insts[index].opname == "LOAD_ASSERTION_ERROR"
 
 
-def assert_in_graph(frame, cond, holds_when, where):
+def assert_in_graph(frame, cond, holds_when, where, what="assert"):
     """`assert` on `cond` (a data-dependent SymNodeVariable): the program goes on only when
     bool(cond) == holds_when. The graph checks it at run time (aten._assert_scalar raises
     RuntimeError when it fails); the ShapeEnv is told too (torch._check), so that sizes computed
@@ -72,7 +72,7 @@ def assert_in_graph(frame, cond, holds_when, where):
             if not cond.value:
                 raise Unsupported(f"assert that always fails at {where}", kind="data_dependent")
             return
-    msg = f"assert failed at {where}: {cond.value.node.expr}"
+    msg = f"{what} failed at {where}: {cond.value.node.expr}"
     node = og.graph.create_node("call_function", torch.ops.aten._assert_scalar.default, (cond.node, msg), {},
                                 name=og._unique("_assert_scalar"))
     node.meta["example_value"] = None
@@ -80,3 +80,21 @@ def assert_in_graph(frame, cond, holds_when, where):
         torch._check(cond.value)
     except Exception:  # noqa: BLE001 -- the ShapeEnv proves it false after earlier checks: every call
         pass           # fails it; the graph's check raises then, as eager's assert does
+
+
+def known_truth(sym):
+    """bool(sym) for a data-dependent SymBool the ShapeEnv can decide without a guard (the graph's
+    checks so far imply it: `torch._check_is_size(n)` makes `n >= 0` true), else None. Nothing is
+    assumed: what it knows comes from checks the graph runs on every call."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_false, statically_known_true
+    if statically_known_true(sym):
+        return True
+    if statically_known_false(sym):
+        return False
+    return None
+
+
+def check_in_graph(frame, cond, where):
+    """torch._check(cond) on a data-dependent cond: checked when the graph runs (RuntimeError, as
+    torch.compile's deferred runtime asserts), and known to the ShapeEnv from here on."""
+    assert_in_graph(frame, cond, True, where, what="torch._check")

@@ -125,6 +125,7 @@ class OutputGraph:
         self._keepalive = []
         self._runtime_functions = {}  # code -> the RuntimeFunctionVariables of it (distinct objects)
         self._names = set()
+        self._next_suffix = {}  # base name -> the next suffix to try (_unique)
         self.code_name = code_name
         self.frame = None  # the interpreter frame running now: each node records its user line
         self.hook_globals_guarded = False
@@ -392,9 +393,15 @@ class OutputGraph:
         return node
 
     def _unique(self, base):
-        name, i = base, 1
-        while name in self._names:
-            name, i = f"{base}_{i}", i + 1
+        # each base remembers the suffix it reached: a graph of 10,000 `mul`s names its last one in
+        # one step, not after trying the 9,999 taken names (which made such graphs quadratic)
+        name, i = base, self._next_suffix.get(base, 1)
+        if name in self._names:
+            name = f"{base}_{i}"
+            while name in self._names:
+                i += 1
+                name = f"{base}_{i}"
+            self._next_suffix[base] = i + 1
         self._names.add(name)
         return name
 

@@ -301,7 +301,10 @@ def truth(frame, v):
         return bool(v.value)
     if isinstance(v, SymNodeVariable):
         if free_unbacked_symbols(v.value):
-            raise Unsupported("branching on a value computed from tensor data (item())", kind="data_dependent")
+            known = data_scalars.known_truth(v.value)
+            if known is None:
+                raise Unsupported("branching on a value computed from tensor data (item())", kind="data_dependent")
+            return known
         return bool(v.value)
     if isinstance(v, TensorVariable):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)", kind="data_dependent")

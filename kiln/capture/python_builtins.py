@@ -10,6 +10,7 @@ import types
 
 import torch
 
+from kiln.capture import data_scalars
 from kiln.capture.objects import (BUILTIN_HANDLERS, CONTAINER_METHODS, apply_operator, call, call_method,
                                   const_value, delattr_var, describe, dict_key, fold_natively, get_iter, get_reversed,
                                   getattr_var, getitem, is_same, iter_next, key_var, make_tuple, mapping_items,
@@ -746,6 +747,9 @@ def _torch_check(error_type):
         if not isinstance(cond, (ConstantVariable, SymNodeVariable)) or \
                 isinstance(cond, ConstantVariable) and not isinstance(cond.value, bool):
             raise Unsupported(f"torch check of {describe(cond)}")
+        if data_scalars.is_data_dependent(cond) and data_scalars.known_truth(cond.value) is None:
+            data_scalars.check_in_graph(frame, cond, frame.where())
+            return const(None)
         if truth(frame, cond):
             return const(None)
         text = "Expected cond to be True, but got False. (Could this error message be improved? If so, please " \
@@ -754,6 +758,21 @@ def _torch_check(error_type):
             text = const_value(call(frame, message, [], {}), "a torch check's message")
         raise Unsupported(f"torch check failed: {text}", python_exception=kind(text))
     return handler
+
+
+def _torch_check_is_size(frame, args, kwargs):
+    """torch._check_is_size(n, message=None, *, max=None): torch._check(0 <= n [<= max]); a number
+    read out of tensor data is also advised to be a size, as eager's does."""
+    n = args[0] if args else kwargs["i"]
+    checks = [apply_operator(frame, operator.ge, [n, const(0)])]
+    if kwargs.get("max") is not None:
+        checks.append(apply_operator(frame, operator.le, [n, kwargs["max"]]))
+    for cond in checks:
+        _torch_check(RuntimeError)(frame, [cond, *args[1:2]], {})
+    if data_scalars.is_data_dependent(n):
+        from torch.fx.experimental.symbolic_shapes import _advise_is_size
+        _advise_is_size(n.value)
+    return const(None)
 
 
 _TORCH_CHECKS = {torch._check: RuntimeError, torch._check_index: IndexError, torch._check_value: ValueError,
@@ -783,7 +802,7 @@ BUILTIN_HANDLERS.update({
     math.prod: _b_prod,
     **{fn: _b_itertools(fn, which) for fn, which in _ITERTOOLS.items()},
     itertools.chain.from_iterable: _b_chain_from_iterable, itertools.accumulate: _b_accumulate,
-    **{fn: _torch_check(error) for fn, error in _TORCH_CHECKS.items()},
+    **{fn: _torch_check(error) for fn, error in _TORCH_CHECKS.items()}, torch._check_is_size: _torch_check_is_size,
 })
 
 CONTAINER_METHODS.update({ListVariable: call_list_method, DictVariable: _dict_method, SetVariable: _set_method})

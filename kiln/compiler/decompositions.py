@@ -44,7 +44,24 @@ def _copy(self, src, non_blocking=False):
     would see src's later in-place changes, which x in eager does not), and never an expanded
     one (x's new value with stride-0 dims: a later write into a view of x, `x[..., :1] = v`, would
     write into a tensor whose elements share memory, which functionalization refuses)."""
-    return aten.expand_copy.default(src.to(dtype=self.dtype, device=self.device), list(self.shape))
+    return _in_dim_order_of(self, aten.expand_copy.default(src.to(dtype=self.dtype, device=self.device),
+                                                           list(self.shape)))
+
+
+def _in_dim_order_of(like, t):
+    """`t` laid out in `like`'s dim order. Eager's copy_ writes into x's memory, so x keeps its
+    layout; a new value laid out as src was (a transposed gradient written into a contiguous
+    buffer) makes a later `view` of it one eager could take and the trace cannot ("Cannot view a
+    tensor with shape ... and strides ..."). Static strides only: ordering symbolic ones would guard."""
+    strides, have = like.stride(), t.stride()
+    if t.dim() < 2 or tuple(have) == tuple(strides) or \
+            not all(type(s) is int for s in (*strides, *have, *like.shape)):
+        return t
+    order = sorted(range(like.dim()), key=lambda d: -strides[d])  # outermost first (stable for ties)
+    if order == sorted(range(t.dim()), key=lambda d: -have[d]) and t.is_contiguous() == like.is_contiguous():
+        return t
+    back = sorted(range(len(order)), key=lambda d: order[d])
+    return aten.clone.default(t.permute(order), memory_format=torch.contiguous_format).permute(back)
 
 
 def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):

@@ -60,8 +60,15 @@ class _GradModeVariants:
         if graph_cache.needs_a_hit(self.gm):
             raise graph_cache.NotCached("a training graph with symbolic sizes loaded from disk has no compiled form "
                                         "in the cache")
+        from kiln.compiler import aot
         from kiln.compiler.training import TrainingGraph
-        with report.stage("aot"):  # the joint trace and partition; the two graphs' compiles time themselves
-            graph = TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)
+        try:
+            with report.stage("aot"):  # the joint trace and partition; the two graphs' compiles time themselves
+                graph = TrainingGraph(self.gm, example_inputs, self.options, self.inner, self.recompute)
+        except (aot.AotUnsupported, *aot.DATA_DEPENDENT) as e:
+            # as the inference path: a graph that needs tensor values to trace (sizes from tolist())
+            # runs eagerly, and autograd records it as eager would
+            log("perf_hints", "training graph runs eagerly: %s: %s", type(e).__name__, str(e).splitlines()[0])
+            return self.gm.forward
         cached.store_when_complete(graph)
         return graph

@@ -149,6 +149,34 @@ def test_assert_with_capture_scalar_outputs_without_fullgraph():
         assert counter.frame_count == 1
 
 
+def halves_when_sized(x):
+    n = x.sum().item()
+    torch._check_is_size(n)
+    if n >= 0:  # what the check makes known: no branch on data left
+        return x * 2 + n
+    return x * 3
+
+
+def capped(x, cap):
+    n = x.max().item()
+    torch._check(n < cap)
+    torch._check(n >= 1, lambda: "needs one")
+    return torch.ones(n).cumsum(0) * x.sum()
+
+
+@pytest.mark.parametrize("backend", [None, "inductor"])
+def test_torch_checks_on_item_are_checked_when_the_graph_runs(backend):
+    """torch._check / _check_is_size on a number read out of tensor data under fullgraph: one graph
+    that checks it on every call (RuntimeError, as eager's check raises), and what a check makes
+    known decides a later branch on the number."""
+    counter = check_calls(halves_when_sized, [(ints(1, 2),), (ints(4, 4),), (ints(-5, 1),), (ints(0, 3),)],
+                          backend=backend, fullgraph=True)
+    assert counter is None or counter.frame_count == 1
+    counter = check_calls(capped, [(ints(3, 1), 6), (ints(2, 2), 6), (ints(7, 1), 6), (ints(0, 0), 6), (ints(5, 1), 6)],
+                          backend=backend, fullgraph=True)
+    assert counter is None or counter.frame_count == 1
+
+
 # ---- sizes made of such numbers --------------------------------------------------------------------
 
 WEIGHTS = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0))

@@ -228,3 +228,40 @@ def test_writes_to_parameters_and_buffers_under_no_grad(backend):
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close((p, p.grad), (q, q.grad))
         torch.testing.assert_close(model.ema, reference.ema)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_graph_whose_sizes_come_from_tensor_data_runs_eagerly(backend):
+    """Sizes read out of a tensor (tolist) in a graph that needs gradients: the aot trace cannot
+    follow them, so the graph runs eagerly (as the inference path does), not a compile error."""
+    def chunks(x, sizes):
+        parts = torch.split(x * 2, sizes.tolist())
+        return [p.cumsum(0) for p in parts]
+    x, sizes = torch.randn(12, requires_grad=True), torch.tensor([5, 4, 3])
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, expected = kiln.compile(chunks, backend=backend, fullgraph=True)(x, sizes), chunks(x_ref, sizes)
+    torch.testing.assert_close(out, expected)
+    sum(o.square().sum() for o in out).backward()
+    sum(e.square().sum() for e in expected).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_written_into_a_view_of_a_buffer_viewed_again(backend):
+    """A slice of a new buffer is written, the buffer viewed to another shape, transposed and
+    updated in place: its backward copies a transposed gradient into a buffer that it then views,
+    which the trace can take only if the copy keeps the buffer's layout, as eager's copy_ does."""
+    def scatter_then_view(a):
+        buf = torch.zeros(6, 4, 8)
+        buf[:, 1, 2:6] = a
+        v = buf.view(2, 3, 32).transpose(1, 2)
+        v.mul_(2)
+        return v
+    a = torch.randn(6, 4, requires_grad=True)
+    a_ref = a.detach().clone().requires_grad_(True)
+    out, expected = kiln.compile(scatter_then_view, backend=backend)(a), scatter_then_view(a_ref)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(expected)
+    out.backward(grad)
+    expected.backward(grad)
+    torch.testing.assert_close(a.grad, a_ref.grad)

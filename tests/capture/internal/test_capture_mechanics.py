@@ -114,3 +114,21 @@ def test_class_attribute_change_is_not_stale():
         assert compiled(x).item() == 5.0
     finally:
         Scaler.factor = 2.0
+
+
+def test_node_names_of_one_op_repeated_take_linear_work():
+    """A graph of thousands of one op (a loop of `x = 1.0 * x`) names each node in a few probes of
+    the taken names, not by trying every name taken before it (quadratic: such graphs took minutes)."""
+    from kiln.capture.graph_builder import OutputGraph
+
+    class CountingSet(set):
+        probes = 0
+
+        def __contains__(self, name):
+            CountingSet.probes += 1
+            return super().__contains__(name)
+    og = OutputGraph("f")
+    og._names = CountingSet()
+    names = [og._unique("mul") for _ in range(2000)] + [og._unique("mul_5"), og._unique("add")]
+    assert len(set(names)) == len(names) and names[:3] == ["mul", "mul_1", "mul_2"]
+    assert CountingSet.probes < 3 * len(names)
