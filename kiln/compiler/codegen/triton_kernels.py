@@ -47,8 +47,10 @@ SCAN_UPDATES = {
     "min": [_TAKES.format("<="), "acc = tl.where(take, v, acc)"],
     "argmax": [_TAKES.format(">="), "acc = tl.where(take, v, acc)", "acc_i = tl.where(take, r0, acc_i)"],
     "argmin": [_TAKES.format("<="), "acc = tl.where(take, v, acc)", "acc_i = tl.where(take, r0, acc_i)"],
-    "logsumexp": ["lo = tl.where(acc != acc, acc, tl.minimum(v, acc))",
-                  "hi = tl.where(acc != acc, acc, tl.maximum(v, acc))",
+    # a NaN on either side propagates (tl.minimum's default leaves NaN to the implementation:
+    # Triton 3.8's interpreter drops it, and logcumsumexp went on past a NaN)
+    "logsumexp": ["lo = tl.minimum(v, acc, propagate_nan=tl.PropagateNan.ALL)",
+                  "hi = tl.maximum(v, acc, propagate_nan=tl.PropagateNan.ALL)",
                   'finite = (lo == lo) & (lo != float("inf")) & (lo != float("-inf"))',
                   "acc = tl.where((lo != hi) | finite, libm.log1p(tl.exp(lo - hi)) + hi, v)"],
 }
