@@ -1367,6 +1367,8 @@ def test_a_program_without_a_reference_leaves_the_others_theirs():
     assert outs[0] is None and ins[0] is None and outs[1].dtype == torch.float64
     x = make_inputs(overflow.inputs)[0]
     eager, right = torch.cosh(x * 0 + 89.4), torch.cosh(x.double() * 0 + 89.4).float()
+    if not torch.isinf(eager).any():  # torch 2.14's vectorized cosh no longer overflows there
+        pytest.skip("this torch's float32 cosh(89.4) is finite: no eager overflow to tell apart")
     assert torch.isinf(eager).all() and torch.isfinite(right).all()
     assert_within(right, eager, (1e-4, 1e-4), outs[1], "p2_t0", "")
 
