@@ -767,7 +767,7 @@ def to_fake(tree):
         if isinstance(v, ObjectVariable):
             if v.opaque:  # only its type is guarded: its value must not become part of the graph
                 raise Unsupported(f"a {type(v.value).__qualname__} object passed to a tensor op")
-            if v.value in PYTHON_SCALAR_DTYPES:  # torch.zeros(n, dtype=int): the fake run checks it as eager does
+            if is_scalar_type(v.value):  # torch.zeros(n, dtype=int): the fake run checks it as eager does
                 return v.value
             if callable(v.value):  # fx would write its repr (`<function f at 0x..>`) into the graph's code
                 raise Unsupported(f"{getattr(v.value, '__qualname__', type(v.value).__qualname__)} passed to a tensor op")
@@ -782,11 +782,15 @@ def to_fake(tree):
 PYTHON_SCALAR_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 
+def is_scalar_type(value):
+    return isinstance(value, type) and value in PYTHON_SCALAR_DTYPES  # (a slice is no key: unhashable)
+
+
 def _to_nodes(tree):
     def conv(v):
         if isinstance(v, (TensorVariable, SymNodeVariable)):
             return v.node
-        if isinstance(v, ObjectVariable) and v.value in PYTHON_SCALAR_DTYPES:
+        if isinstance(v, ObjectVariable) and is_scalar_type(v.value):
             return PYTHON_SCALAR_DTYPES[v.value]
         return v.value
     return _map_vars(conv, tree)

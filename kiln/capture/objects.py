@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from kiln.capture import data_scalars
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
-from kiln.capture.graph_builder import PYTHON_SCALAR_DTYPES, TENSOR_FACTS, is_library_module, to_fake
+from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, is_scalar_type, to_fake
 from kiln.capture.guards import held_weakly
 from kiln.capture.sources import AttrSource, ConstSource, GlobalSource, ItemSource
 from kiln.config import config
@@ -1835,7 +1835,7 @@ def _passes_python_callable(args, kwargs):
     """A Python callable among the arguments: a graph node cannot hold one, so a torch function given
     one (torch.fx.node.map_aggregate(x, f)) is followed as Python code instead."""
     return any(isinstance(a, (FunctionVariable, MethodVariable)) or
-               isinstance(a, ObjectVariable) and callable(a.value) and a.value not in PYTHON_SCALAR_DTYPES
+               isinstance(a, ObjectVariable) and callable(a.value) and not is_scalar_type(a.value)
                for a in _leaves(args, kwargs))
 
 

@@ -1,6 +1,8 @@
 """Python's scalar types where torch takes a dtype (`torch.zeros(n, dtype=int)` in HF Llama-4's chunked
 mask, `x.to(float)`): torch reads int/float/bool/complex as int64/float64/bool/complex128, so they are
 graph arguments like any dtype, not a "Python function" that breaks the graph."""
+import sys
+
 import pytest
 import torch
 
@@ -44,3 +46,36 @@ def test_dtype_int_with_a_size_from_the_input(dynamic):
         return (x.cumsum(-1) == left[:, None]).sum(-1)
     check_calls(f, [(torch.randint(0, 2, (2, 5)),), (torch.randint(0, 2, (3, 7)),)], graphs=1 if dynamic else 2, fullgraph=True,
                 dynamic=dynamic)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="3.13 no longer chains @classmethod over @property")
+def test_unhashable_values_next_to_tensor_ops_are_not_taken_for_types():
+    """A slice (unhashable on 3.11) indexing a tensor, and a callable unhashable object passed to a
+    Python function, were looked up among the Python scalar types: TypeError inside capture
+    (test_repros' test_issue134451: a slice made by an IntEnum class property)."""
+    import dataclasses
+    import enum
+
+    @dataclasses.dataclass
+    class Scale:  # eq=True without frozen: unhashable, and callable
+        k: float
+
+        def __call__(self, t):
+            return t * self.k
+
+    class Index(enum.IntEnum):
+        X = 0
+        Y = 1
+
+        @classmethod
+        @property
+        def point(cls):
+            return slice(cls.X, cls.Y + 1)
+
+    def f(x, scale):
+        x = x * 1
+        x[..., Index.point] = scale(x[..., Index.point].tanh())
+        return x
+
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(kiln.compile(f, fullgraph=True)(x, Scale(2.0)), f(x, Scale(2.0)))
