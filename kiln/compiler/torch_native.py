@@ -4,6 +4,7 @@ unit, so a process with a fresh cache runs g++ over torch's headers once, not on
 their C++, where a tensor's Python object keeps its TensorImpl, the flags that build against torch,
 and `Helper`: the library loads at once where it is built, and is otherwise built in a thread, so
 that no compile waits for g++ (what asks for a helper meanwhile takes its Python path)."""
+import atexit
 import ctypes
 import os
 import sysconfig
@@ -253,9 +254,17 @@ class _Library:
                     if self._loaded is None:
                         self._building = threading.Thread(target=self._build, name="kiln-native-helpers", daemon=True)
                         self._building.start()
+                        atexit.register(self._let_build_finish)
         if wait and self._building is not None:
             self._building.join()
         return self._loaded or None
+
+    def _let_build_finish(self, timeout=60):
+        """At exit, before the interpreter's finalization: a daemon thread still loading the library
+        (dlopen of code linked against libtorch) while the process tears libtorch down can abort it
+        ("terminate called without an active exception", seen once in a short-lived process)."""
+        if self._building is not None:
+            self._building.join(timeout)
 
     def _build(self):
         found = self._load(build=True)
