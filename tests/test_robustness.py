@@ -17,6 +17,9 @@ from tests.utils import CompileCounter
 # reads torch._dynamo.utils) must work and match eager.
 _INTERRUPTED_CHILD = textwrap.dedent("""
     import importlib.abc, os, signal, sys
+    # Python's own Ctrl-C handler, whatever the parent left: a process that ignores SIGINT (SIG_IGN is
+    # inherited across exec) would never see the interrupt this test sends itself
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch, kiln
 
     def finished(name):  # a submodule is bound to its package once its import has finished
