@@ -42,11 +42,7 @@ def _emit_call(src, lib, entry, float_names):
     tensors = list(entry.args) if native is not None else [f"{a}.data_ptr()" for a in entry.args]
     call_args = tensors + (["ws_ptr"] if entry.uses_workspace else []) + list(entry.sizes)
     if entry.checks:  # a failed check in the kernels reports (code, index, bound) here
-        if not getattr(src, "cpu_err_made", False):  # one slot per call: a kernel writes it only to raise
-            src.cpu_err_made = True
-            src.line("cpu_err = (ctypes.c_int64 * 3)()")
-            src.line("cpu_err_ptr = ctypes.addressof(cpu_err)")
-        call_args.append("cpu_err_ptr")
+        call_args.append(_error_slot(src))
     src.line(f"{src.constant(fn if native is None else native, 'entry')}({', '.join(call_args)})")
     if entry.checks:
         raise_failed_check(src, entry.checks, "cpu_err")
@@ -57,17 +53,11 @@ def _emit_packed_call(src, fn, entry, float_names):
     the wrapper fills the array (a float size as its bits) and passes its address."""
     from kiln.compiler.wrapper import raise_failed_check
     fn.argtypes, fn.restype = [ctypes.c_void_p], None
+    bits = src.constant(_float_bits, "float_bits") if any(n in float_names for n in entry.sizes) else None
     words = [f"{a}.data_ptr()" for a in entry.args] + (["(ws_ptr or 0)"] if entry.uses_workspace else [])
-    words += [f"_kiln_float_bits({name})" if name in float_names else name for name in entry.sizes]
-    if entry.checks:
-        if not getattr(src, "cpu_err_made", False):
-            src.cpu_err_made = True
-            src.line("cpu_err = (ctypes.c_int64 * 3)()")
-            src.line("cpu_err_ptr = ctypes.addressof(cpu_err)")
-        words.append("cpu_err_ptr")
+    words += [f"{bits}({name})" if name in float_names else name for name in entry.sizes]
+    words += [_error_slot(src)] if entry.checks else []
     array = src.constant(ctypes.c_int64 * len(words), "packed")
-    bits = src.constant(_float_bits, "_kiln_float_bits") if float_names else None
-    words = [w.replace("_kiln_float_bits(", f"{bits}(") for w in words]
     src.line(f"packed_args = {array}({', '.join(words)})")
     src.line(f"{src.constant(fn, 'entry')}(ctypes.addressof(packed_args))")
     if entry.checks:
@@ -77,3 +67,13 @@ def _emit_packed_call(src, fn, entry, float_names):
 def _float_bits(x):
     """The 64-bit word holding the bits of double x."""
     return ctypes.c_int64.from_buffer(ctypes.c_double(x)).value
+
+
+def _error_slot(src):
+    """The address of the call's error slot, made at its first use: one per call, which a kernel
+    writes only to raise (a failed check's code, index and bound)."""
+    if not getattr(src, "cpu_err_made", False):
+        src.cpu_err_made = True
+        src.line("cpu_err = (ctypes.c_int64 * 3)()")
+        src.line("cpu_err_ptr = ctypes.addressof(cpu_err)")
+    return "cpu_err_ptr"
