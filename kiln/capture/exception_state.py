@@ -14,10 +14,6 @@ from kiln.capture.variables import ConstantVariable, TupleVariable, const
 from kiln.exc import Unsupported
 
 
-def _handled(frame):
-    return frame.handled_exception()
-
-
 def _no_arguments(name, args, kwargs):
     if args or kwargs:
         e = TypeError(f"{name}() takes no arguments")
@@ -26,7 +22,7 @@ def _no_arguments(name, args, kwargs):
 
 def _exc_info(frame, args, kwargs):
     _no_arguments("exc_info", args, kwargs)
-    handled = _handled(frame)
+    handled = frame.handled_exception()
     if handled is None:
         return const((None, None, None))
     exc = handled.value
@@ -35,7 +31,7 @@ def _exc_info(frame, args, kwargs):
 
 def _exception(frame, args, kwargs):
     _no_arguments("exception", args, kwargs)
-    handled = _handled(frame)
+    handled = frame.handled_exception()
     return handled if handled is not None else ConstantVariable(None)
 
 

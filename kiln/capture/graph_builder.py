@@ -396,12 +396,9 @@ class OutputGraph:
         # each base remembers the suffix it reached: a graph of 10,000 `mul`s names its last one in
         # one step, not after trying the 9,999 taken names (which made such graphs quadratic)
         name, i = base, self._next_suffix.get(base, 1)
-        if name in self._names:
-            name = f"{base}_{i}"
-            while name in self._names:
-                i += 1
-                name = f"{base}_{i}"
-            self._next_suffix[base] = i + 1
+        while name in self._names:
+            name, i = f"{base}_{i}", i + 1
+        self._next_suffix[base] = i
         self._names.add(name)
         return name
 
@@ -512,9 +509,7 @@ class OutputGraph:
             try:
                 with self.fake_mode, _dispatcher_for(target, fake_args, fake_kwargs), \
                         torch.set_grad_enabled(self.grad_enabled):
-                    if kind == "call_method":
-                        return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                    return target(*fake_args, **fake_kwargs)
+                    return _call_target(kind, target, fake_args, fake_kwargs)
             except _NEEDS_SHAPE_ENV:
                 # The fake mode raises these only for lack of a ShapeEnv (an output whose size or
                 # value depends on tensor data); with one, the op makes an unbacked symbol. Run it
@@ -535,10 +530,7 @@ class OutputGraph:
             return text  # (it ran the Python decompositions already)
         try:
             with self.fake_mode, enable_python_dispatcher(), torch.set_grad_enabled(self.grad_enabled):
-                if kind == "call_method":
-                    getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    target(*fake_args, **fake_kwargs)
+                _call_target(kind, target, fake_args, fake_kwargs)
         except Exception as again:  # noqa: BLE001 (any failure: only its text is used)
             if str(again) != str(e):
                 text += f" (torch.compile's Python decomposition: {type(again).__name__}: {again})"
@@ -755,6 +747,13 @@ def _var_leaves(tree):
     out = []
     _map_vars(lambda v: out.append(v), tree)
     return out
+
+
+def _call_target(kind, target, args, kwargs):
+    """Run a node's target as the graph will: a method of its first argument, or a function."""
+    if kind == "call_method":
+        return getattr(args[0], target)(*args[1:], **kwargs)
+    return target(*args, **kwargs)
 
 
 def to_fake(tree):

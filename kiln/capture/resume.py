@@ -160,8 +160,9 @@ def _split_range(open_try, label, reopened):
     return [TryEnd(open_try), label, again]
 
 
-def original_code(code):
-    """The code a resume function was made from (itself for any other code)."""
+def resumed_from(code):
+    """The code a resume function was made from (itself for any other code). (Not
+    call_sites.original_code: that maps a copy rewritten for eager_frames to its original.)"""
     origin = _ORIGIN.get(code)
     original = origin[0]() if origin is not None else None
     return original if original is not None else code

@@ -20,7 +20,7 @@ function, line as eager's; a stand-in frame object, as compiled code has none of
 import os
 import types
 
-from kiln.capture.resume import original_code
+from kiln.capture.resume import resumed_from
 from kiln.capture.variables import ConstantVariable, HandlerVariable, ObjectVariable, const
 from kiln.exc import Unsupported
 
@@ -151,7 +151,7 @@ def _entries(tb):
     entries, seen = [], set()
     while isinstance(tb, TracebackVariable) and id(tb) not in seen:
         seen.add(id(tb))
-        code = original_code(tb.code)
+        code = resumed_from(tb.code)
         entries.append((code.co_filename, code.co_name, tb.lineno))
         tb = tb.tb_next
     tail = tb.value if isinstance(tb, ObjectVariable) and isinstance(tb.value, types.TracebackType) else None

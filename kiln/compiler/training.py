@@ -30,14 +30,14 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln.compiler import backward_rewrites
 from kiln.compiler.aot import (MetaKeepingModule, is_symbolic, may_overlap_itself, meta_keeping, trace_aten,
                               tracing_mode)
-from kiln.compiler.training_runtime import GraphSignature, ReplayedView, TrainingRun, detached, module_state
-from kiln.torch_compat import forget_item_value
-from kiln.compiler import backward_rewrites
 from kiln.compiler.decompositions import lowering_decompositions
 from kiln.compiler.partition import partition
+from kiln.compiler.training_runtime import GraphSignature, ReplayedView, TrainingRun, detached, module_state
 from kiln.debug.logs import enabled, log
+from kiln.torch_compat import forget_item_value
 
 
 class FlatGraph:

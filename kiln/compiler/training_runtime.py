@@ -35,6 +35,13 @@ class ReplayedView:
         return x
 
 
+def _alias_of(x, view):
+    """An output that eager returns as input `x` (view None) or a view of it."""
+    if view is None:
+        return x
+    return view.of(x) if isinstance(view, ReplayedView) else x.as_strided(*view)
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphSignature:
     """What the flat graph takes and returns, as autograd sees it."""
@@ -121,8 +128,7 @@ class TrainingRun:
         for k, value in zip(sig.computed, results):
             outputs[k] = value
         for k, i, view in sig.aliases:  # after the write-back: views see the new values
-            outputs[k] = flat[i] if view is None else view.of(flat[i]) if isinstance(view, ReplayedView) else \
-                flat[i].as_strided(*view)
+            outputs[k] = _alias_of(flat[i], view)
         for k, j, view, base_layout in sig.views:
             base = outputs[j]
             if (base.stride(), base.storage_offset()) == base_layout:
