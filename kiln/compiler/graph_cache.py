@@ -35,6 +35,7 @@ import sys
 import types
 
 import torch
+import torch._guards
 import torch.utils._pytree as pytree
 
 from kiln import sources_digest
@@ -563,7 +564,10 @@ def _rebuild(desc, gm, lib):
     if kind == "module_tensor":
         return operator.attrgetter(rest[0])(gm)
     if kind == "tensor":
-        return torch.load(io.BytesIO(base64.b64decode(rest[0])), weights_only=True)
+        # outside any TracingContext: torch.load makes meta tensors when it finds a fake mode there,
+        # and a user backend that wraps compile_fx runs inside capture's (user_backends.py)
+        with torch._guards.tracing(None):
+            return torch.load(io.BytesIO(base64.b64decode(rest[0])), weights_only=True)
     if kind in ("entry", "native_entry"):
         fn = getattr(lib, rest[0])
         fn.argtypes = [getattr(ctypes, t) for t in rest[1]]

@@ -366,3 +366,26 @@ def test_training_code_a_compile_specialized_is_not_loaded_for_sizes_it_does_not
             for t in (x, w1, w2):
                 t.grad = None
         torch.testing.assert_close(results[0], results[1], rtol=1e-3, atol=1e-3)
+
+
+def test_a_constant_loads_as_itself_under_a_user_backends_tracing_context(cache):
+    """A user backend runs in a TracingContext with capture's fake mode (as torch.compile runs it),
+    and one that wraps kiln's compile_fx loads graphs from the cache there: a baked constant must
+    load as a real tensor, not as the fake (meta) tensor torch.load makes when it finds a fake mode
+    (a kernel then read it through a null pointer: a crash on the second process's first call)."""
+    import kiln
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs)
+
+    def first(x):
+        return baked_constant(x)
+
+    def second(x):  # (another frame with the same graph)
+        return baked_constant(x)
+
+    for fn, expected in ((first, (0, 1, 1)), (second, (1, 1, 1))):  # a store, then a load
+        compiled = kiln.compile(fn, backend=backend)
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(compiled(x), baked_constant(x))
+        assert counts() == expected
