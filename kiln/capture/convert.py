@@ -306,14 +306,15 @@ def _compile_graph(og, glue, backend, code):
     if og.op_count() == 0:
         return None, None
     gm = torch.fx.GraphModule(torch.nn.Module(), og.graph)
-    user = user_backends.is_user_backend(backend)
-    example_inputs = user_backends.example_inputs(og, user)
     log_graph(code, gm)
     try:
         # in the mode the graph starts in, which it gets back after: tracing a graph through its grad
         # switches (make_fx runs torch._C._set_grad_enabled for real) must not leave one switched
-        with torch.set_grad_enabled(og.grad_at_entry), user_backends.context(og, user):
-            compiled = backend(gm, example_inputs)
+        with torch.set_grad_enabled(og.grad_at_entry):
+            if user_backends.is_user_backend(backend):
+                compiled = user_backends.compile_graph(backend, gm, og)
+            else:
+                compiled = backend(gm, user_backends.example_inputs(og, False))
     except Exception as e:
         if config.suppress_errors:
             warnings.warn(f"kiln: backend {backend.name!r} raised {type(e).__name__}: {e}; "

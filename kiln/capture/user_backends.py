@@ -12,15 +12,17 @@ number input is handed over as capture's SymInt (its hint is the value of this c
 backend learns about it (AOT specializing the int) is a guard on kiln's symbol in kiln's ShapeEnv,
 which the frame's shape guards include: the entry recompiles instead of answering from stale code.
 Tensor inputs stay real tensors (as torch passes them); the fake mode maps each back to the fake
-capture made for it, so their symbolic sizes are kiln's symbols too.
+capture made for it, so their symbolic sizes are kiln's symbols too. Each symbolic size is also an
+input of its own, as in torch.compile, so a backend that traces on the real tensors cannot bake a
+size in silently (size_inputs.py).
 
 kiln's own backends are called as before: they build their own fake modes and read the graph's
 placeholders, and a context found there would mix two modes' symbols.
 """
-import contextlib
-
 import torch
 import torch._guards
+
+from kiln.capture import size_inputs
 
 
 def is_user_backend(backend):
@@ -32,8 +34,9 @@ def is_user_backend(backend):
 
 
 def example_inputs(og, user):
-    """The example inputs a backend gets for `og`'s graph: each input's real value, except that a
-    user backend gets a symbolic number input as capture's symbol (see the module docstring)."""
+    """The example inputs a backend gets for `og`'s graph (before size_inputs adds the sizes): each
+    input's real value, except that a user backend gets a symbolic number input as capture's symbol
+    (see the module docstring)."""
     values = []
     for _, value, node in og.inputs:
         example = node.meta.get("example_value")
@@ -44,8 +47,14 @@ def example_inputs(og, user):
     return values
 
 
-def context(og, user):
-    """The context a backend runs in: a TracingContext with capture's fake mode for a user backend."""
-    if not user:
-        return contextlib.nullcontext()
-    return torch._guards.tracing(torch._guards.TracingContext(og.fake_mode))
+def compile_graph(backend, gm, og):
+    """backend(gm, example inputs) for a user backend, called as torch.compile calls it: in a
+    TracingContext with capture's fake mode, number inputs as capture's symbols, and each symbolic
+    size an input of its own (size_inputs.py). Returns what kiln's glue calls."""
+    examples = example_inputs(og, True)
+    lifted = size_inputs.lift(gm, examples)
+    if lifted is not None:
+        gm, examples, wrap = lifted
+    with torch._guards.tracing(torch._guards.TracingContext(og.fake_mode)):
+        compiled = backend(gm, examples)
+    return compiled if lifted is None else wrap(compiled)

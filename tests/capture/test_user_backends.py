@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch._guards
 from functorch.compile import make_boxed_func
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch._functorch.aot_autograd import aot_module_simplified
 
 import kiln
@@ -73,15 +74,16 @@ def test_a_backend_that_specializes_an_int_is_guarded():
     assert counter.frame_count == 2
 
 
-def test_user_backend_runs_in_a_tracing_context_with_the_graphs_fake_mode():
+def test_user_backend_runs_in_a_tracing_context_with_the_graphs_shape_env():
     seen = []
 
     def backend(gm, example_inputs):
         ctx = torch._guards.TracingContext.try_get()
         fakes = [v for v in (n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder"))
                  if isinstance(v, torch.Tensor)]
-        seen.append((ctx is not None and ctx.fake_mode is fakes[0].fake_mode,
-                     torch._guards.detect_fake_mode(example_inputs) is fakes[0].fake_mode,
+        # (torch.compile gives the backend a fake mode of its own over capture's ShapeEnv)
+        seen.append((ctx is not None and ctx.fake_mode.shape_env is fakes[0].fake_mode.shape_env,
+                     torch._guards.detect_fake_mode(example_inputs) is ctx.fake_mode,
                      [type(e) for e in example_inputs if not isinstance(e, torch.SymInt)],
                      type(example_inputs[-1])))
         return gm.forward
@@ -90,3 +92,27 @@ def test_user_backend_runs_in_a_tracing_context_with_the_graphs_fake_mode():
     # (torch.compile also passes each symbolic size as an input of its own)
     assert seen == [(True, True, [torch.Tensor, torch.Tensor], torch.SymInt)]
     assert torch._guards.TracingContext.try_get() is None
+
+
+def static_shape_backend(gm, example_inputs):
+    """A compiler for exactly the sizes and numbers it is shown (as static-shape compilers are): it
+    reads each number input's value and traces the graph on the real tensors."""
+    concrete = [int(e) if isinstance(e, torch.SymInt) else e for e in example_inputs]
+    traced = make_fx(gm)(*concrete)
+    return lambda *args: traced(*args)
+
+
+def rows_of_pairs(x, k):
+    return x.reshape(x.shape[0] // 2, -1).sum(1) * k + x.size(1)
+
+
+def test_a_backend_tracing_on_real_tensors_never_bakes_a_dynamic_size_in():
+    """Each symbolic size reaches the backend as an input of its own (as in torch.compile): a backend
+    that specializes on it guards it, so another size compiles again; the graph never reads a size
+    off the example tensor behind kiln's back (that answered every size with the first one's code)."""
+    counter = Counted(static_shape_backend)
+    compiled = kiln.compile(rows_of_pairs, backend=counter, dynamic=True)
+    for n, m in ((4, 3), (6, 3), (4, 3), (8, 5)):
+        x = torch.randn(n, m)
+        torch.testing.assert_close(compiled(x, 2), rows_of_pairs(x, 2))
+    assert counter.frame_count == 3

@@ -16,7 +16,10 @@ WHOLE_GRAPH = "<whole graph>"
 
 
 class Recorder(CompileCounter):
-    """Counts graphs, compiles each with kiln's "inductor" and keeps what it returned."""
+    """Counts graphs, compiles each with kiln's "inductor" and keeps what it returned. It is marked
+    as one of kiln's own backends, so it gets the graph `backend="inductor"` gets (sizes read from the
+    tensors, not lifted into inputs of their own as for a user backend: test_user_backends.py)."""
+    kiln_own = True
 
     def __init__(self):
         super().__init__()
@@ -210,12 +213,15 @@ def test_backend_specialization_adds_a_guard_and_recompiles():
     decisions = []
 
     def backend(gm, example_inputs):
-        fake = next(iter(gm.graph.find_nodes(op="placeholder"))).meta["example_value"]
+        # (the first tensor input: a user backend's graph starts with the symbolic sizes, as torch's)
+        fake = next(v for p in gm.graph.find_nodes(op="placeholder")
+                    if isinstance(v := p.meta["example_value"], torch.Tensor))
         even = bool(fake.shape[0] % 2 == 0)  # guards on the parity of the symbolic size
         decisions.append(even)
 
-        def run(x):
-            (out,) = gm(x)
+        def run(*args):
+            x = args[-1]
+            (out,) = gm(*args)
             # code that is only right for the parity it was compiled for
             return (out if (x.shape[0] % 2 == 0) == even else out * 0,)
         return run
