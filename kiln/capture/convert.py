@@ -20,6 +20,7 @@ from kiln.capture import autograd_hooks
 from kiln.capture import bytecode_facts as facts
 from kiln.capture import capture_cache
 from kiln.capture import interpreter as interp
+from kiln.capture import rerun
 from kiln.capture import user_backends
 from kiln.capture import (autograd_function, class_creation, collections_models, container_subclasses,  # noqa: F401 (they register
                           context_managers, copy_models, exception_state, fresh_modules, function_objects, generator_models, itertools_models,
@@ -286,7 +287,8 @@ def _compile_frame(F, L, code, backend, fullgraph, dynamism, caller):
             tail = [f"{glue.const(torch._C._set_grad_enabled, 'SETGRAD')}({og.grad_enabled})"] + tail
     graph_fn, gm = _compile_graph(og, glue, backend, code)
     og.watch.note(f"backend {backend.name!r} compiling the graph of {code.co_qualname}")
-    run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail)
+    run, glue_src = glue.function(graph_fn, [s for s, _, _ in og.inputs] if graph_fn else [], tail,
+                                  rerun=rerun.can_rerun(og, code))
     og.watch.check_marked()
     og.guard_input_aliasing()
     for expr in shape_guards(og):

@@ -15,6 +15,7 @@ import torch
 from kiln.capture import data_dicts, interpreter as interp
 from kiln.capture import resume
 from kiln.capture.exception_copies import fresh_exception
+from kiln.capture.rerun import rerun_eagerly
 from kiln.capture.sources import CodeContext
 from kiln.capture.tracebacks import escaping_tracebacks
 from kiln.capture.variables import (CellVariable, ConstantVariable, DataDictVariable, DequeVariable, DictIterator,
@@ -417,14 +418,20 @@ class Glue:
         for line in deletes:
             self.emit(line)
 
-    def function(self, graph_fn, input_sources, tail):
-        """Assemble `def __kiln_entry(F, L)`; `tail` are the final lines (return / break)."""
+    def function(self, graph_fn, input_sources, tail, rerun=False):
+        """Assemble `def __kiln_entry(F, L)`; `tail` are the final lines (return / break). `rerun`:
+        a graph that raises runs the frame again eagerly (rerun.py says when that may be)."""
         lines = []
         if graph_fn is not None:
             shared = _SharedBases(self.ctx, input_sources)
             args = ", ".join(s.expr(shared) for s in input_sources)
             lines += shared.lines
-            lines += self._around_graph(f"__o = {self.const(graph_fn, 'GRAPH')}({args})")
+            call = f"__o = {self.const(graph_fn, 'GRAPH')}({args})"
+            if rerun:
+                lines += ["try:", f"    {call}", "except Exception as __e:",
+                          f"    return {self.const(rerun_eagerly, 'RERUN')}(F, L, __e)"]
+            else:
+                lines += self._around_graph(call)
         else:
             lines += self._around_graph("pass")
         lines += self.lines + tail

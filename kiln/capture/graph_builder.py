@@ -444,6 +444,8 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, tuple(_to_nodes(list(args))), _to_nodes(dict(kwargs)),
                                       name=self._unique(_node_name(target)))
         node.meta["example_value"] = result
+        if mutated:  # (a graph that writes a tensor may not run twice: rerun.py)
+            node.meta["kiln_writes_tensor"] = True
         if self._shape_env is not None and self._shape_env.pending_fresh_unbacked_symbols:
             # the numbers this op read out of tensor data: bound to its result (make_fx, tracing the
             # graph again with this ShapeEnv, must find none pending)
