@@ -20,8 +20,8 @@ from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable
                                     EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable,
                                     FunctionVariable, GeneratorVariable, IteratorVariable,
                                     ListVariable, MethodVariable, ObjectVariable, PartialVariable,
-                                    SetVariable,
-                                    SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const)
+                                    SequenceIterator, SetVariable, SuperVariable, SymNodeVariable, TensorVariable,
+                                    TupleVariable, const)
 from kiln.exc import Unsupported
 
 
@@ -605,6 +605,42 @@ def _b_numeric(fn):
     return handler
 
 
+def _b_length_hint(frame, args, kwargs):
+    """operator.length_hint(obj, default=0) as PyObject_LengthHint: a list/tuple/range/str iterator's
+    is what it has left; a class's own Python __length_hint__ runs (unless it has a __len__), its
+    NotImplemented giving the default. The rest folds natively."""
+    default = args[1] if len(args) == 2 else const(0)
+    if kwargs or not 1 <= len(args) <= 2 or not (isinstance(default, ConstantVariable) and type(default.value) is int):
+        return fold_natively(frame.og, operator.length_hint, args, kwargs)  # (and CPython's TypeError)
+    obj = args[0]
+    if isinstance(obj, SequenceIterator):
+        return const(_left_in(obj))
+    hint = python_special(frame, obj, "__length_hint__")
+    if hint is None or python_special(frame, obj, "__len__") is not None:
+        return fold_natively(frame.og, operator.length_hint, args, kwargs)
+    value = const_value(call(frame, hint, [], {}), "a __length_hint__ result")
+    if value is NotImplemented:
+        return default
+    if not isinstance(value, int):
+        e = TypeError(f"__length_hint__ must be an integer, not {type(value).__name__}")  # CPython's words
+    elif value < 0:
+        e = ValueError("__length_hint__() should return >= 0")
+    else:
+        return const(value)
+    raise Unsupported(f"{type(e).__name__}: {e}", python_exception=e)
+
+
+def _left_in(it):
+    """How many items a sequence iterator has left, as its C __length_hint__ says: none once exhausted
+    (it dropped the sequence) or once the sequence shrank below its position."""
+    if it.done:
+        return 0
+    seq = it.seq.value if isinstance(it.seq, ConstantVariable) else it.seq.items
+    if it.reverse:
+        return it.index + 1 if len(seq) >= it.index + 1 else 0
+    return max(len(seq) - it.index, 0)
+
+
 def _number_of(fn):
     """int() / float() of a symbolic size or number stays symbolic (torch.sym_int truncates as int()
     does; int of a SymInt is itself): `int(h // 8 * 2 - 1)` must not pin the image size."""
@@ -784,7 +820,7 @@ BUILTIN_HANDLERS.update({
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
     math.floor: _b_numeric(math.floor), math.ceil: _b_numeric(math.ceil), math.sqrt: _b_numeric(math.sqrt),
-    math.prod: _b_prod,
+    math.prod: _b_prod, operator.length_hint: _b_length_hint,
     **{fn: _b_itertools(fn, which) for fn, which in _ITERTOOLS.items()},
     itertools.chain.from_iterable: _b_chain_from_iterable, itertools.accumulate: _b_accumulate,
     **{fn: _torch_check(error) for fn, error in _TORCH_CHECKS.items()}, torch._check_is_size: _torch_check_is_size,
