@@ -7,7 +7,7 @@ import types
 from kiln.capture import glue, objects
 from kiln.capture.objects import TypeModel, call, const_value, getitem, iter_next, setitem, unpack_iterable
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_list_method
-from kiln.capture.variables import BaseIterator, DequeVariable, DictVariable, MethodVariable, const
+from kiln.capture.variables import BaseIterator, DequeVariable, DictVariable, const
 from kiln.exc import Unsupported
 
 
@@ -39,12 +39,7 @@ class DequeModel(TypeModel):
     def attribute(self, frame, d, name):
         if name == "maxlen":
             return const(d.maxlen)
-        if name == "__class__":
-            return frame.og.wrap(collections.deque, None, guard=False)
-        if not hasattr(collections.deque, name):
-            raise Unsupported(f"AttributeError: deque has no attribute {name!r}",
-                              python_exception=AttributeError(name))
-        return MethodVariable(name, d)
+        return self.method_attribute(frame, d, collections.deque, name)
 
     def call_method(self, frame, d, name, args, kwargs):
         if name not in self._MUTATORS:

@@ -691,7 +691,7 @@ def shape_guards(og):
 
 
 _DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter,
-               types.MappingProxyType)  # (a class's __dict__: read-only, see python_builtins._dict_method)
+               types.MappingProxyType)  # (a class's __dict__: read-only, see python_builtins.dict_method)
 
 
 def _stable_key(k):

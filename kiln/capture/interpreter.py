@@ -594,24 +594,17 @@ class Frame:
 
     def FORMAT_VALUE(self, inst):
         spec = self.pop().value if (inst.arg & 0x04) else ""
-        value = objects.const_value(self.pop(), "formatting a non-constant value")
-        conv = _CONVERSIONS[inst.arg & 0x03]
-        if conv:
-            value = conv(value)
-        self.push(const(format(value, spec)))
+        self.push(const(objects.formatted(self, self.pop(), _CONVERSIONS[inst.arg & 0x03], spec)))
 
     def CONVERT_VALUE(self, inst):  # 3.13: the !s / !r / !a of an f-string field
-        value = objects.const_value(self.pop(), "formatting a non-constant value")
-        self.push(const(_CONVERSIONS[inst.arg](value)))
+        self.push(const(objects.formatted(self, self.pop(), _CONVERSIONS[inst.arg])))
 
     def FORMAT_SIMPLE(self, inst):  # 3.13: an f-string field without a format spec
-        value = objects.const_value(self.pop(), "formatting a non-constant value")
-        self.push(const(format(value, "")))
+        self.push(const(objects.formatted(self, self.pop())))
 
     def FORMAT_WITH_SPEC(self, inst):  # 3.13: an f-string field with a format spec
         spec = objects.const_value(self.pop(), "a non-constant format spec")
-        value = objects.const_value(self.pop(), "formatting a non-constant value")
-        self.push(const(format(value, spec)))
+        self.push(const(objects.formatted(self, self.pop(), spec=spec)))
 
     def LIST_APPEND(self, inst):
         v = self.pop()

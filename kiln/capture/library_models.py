@@ -27,9 +27,9 @@ import traceback
 import types
 import unicodedata
 
-from kiln.capture import graph_builder, objects, tracebacks
+from kiln.capture import graph_builder, objects, odict_desync, tracebacks
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
-from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method, refuse_order_bypass
+from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
 from kiln.capture.sources import AttrSource
 from kiln.capture.variables import (BaseIterator, ConstantVariable, DictVariable, GeneratorVariable, IteratorVariable, ListVariable,
                                     DictViewVariable, ObjectVariable, SetVariable, TupleVariable, const, is_constant)
@@ -240,8 +240,11 @@ def _native_arg(frame, v):
 
 def call_builtin_method(frame, cls, name, recv, args, kwargs):
     """`cls.name(recv, *args, **kwargs)` for a builtin type `cls`."""
+    if odict_desync.bypasses_order(cls, recv, name):
+        return odict_desync.bypass(frame, recv, name, args, kwargs)
+    if isinstance(recv, odict_desync.DesyncedOrderedDict):
+        return odict_desync.call_unbound(frame, cls, recv, name, args, kwargs)
     if isinstance(recv, (ListVariable, TupleVariable, DictVariable, SetVariable)) and name != "fromkeys":
-        refuse_order_bypass(frame, cls, recv, name, args)
         return call_method(frame, recv, name, args, kwargs)
     view = objects.readonly_dict_view(frame, recv, getattr(cls, name))  # an existing dict (subclass) read
     if view is not None:

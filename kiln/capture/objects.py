@@ -62,6 +62,16 @@ class TypeModel:
     def set_attribute(self, frame, var, name, value):
         raise Unsupported(f"setting attribute {name!r} on {describe(var)}")
 
+    def method_attribute(self, frame, var, cls, name):
+        """`var.name` on an instance of the C class `cls` whose methods this model runs: its class, or
+        the method bound to it (CPython's AttributeError for a name `cls` lacks)."""
+        if name == "__class__":
+            return frame.og.wrap(cls, None, guard=False)
+        if not hasattr(cls, name):
+            raise Unsupported(f"AttributeError: {cls.__name__} has no attribute {name!r}",
+                              python_exception=AttributeError(name))
+        return MethodVariable(name, var)
+
     protocols = False  # (VARIABLE_MODELS) whether `[k]`, `in`, `len`, iteration and operators come here
 
     def truth(self, frame, var):
@@ -154,9 +164,10 @@ def _container_value(v, why, made):
     if isinstance(v, DictVariable):
         if any(isinstance(k, VariableKey) for k in v.items):
             raise Unsupported(f"{why}: a dict with tensor or object keys", kind="unsupported_object")
-        out = {}
+        out = _empty_mapping(v, why)
         made[id(v)] = (out,)
-        out.update((k, const_value(i, why, made)) for k, i in v.items.items())
+        for k, i in v.items.items():  # (one by one: Counter's update counts; dict.update skips OrderedDict's order)
+            out[k] = const_value(i, why, made)
         return out
     if isinstance(v, TupleVariable):
         vals = [const_value(i, why, made) for i in v.items]
@@ -169,6 +180,27 @@ def _container_value(v, why, made):
         out = frozenset(items) if v.cls is frozenset else items
     made[id(v)] = (out,)
     return out
+
+
+def _empty_mapping(v, why):
+    """A new empty dict of `v`'s kind, for the library kinds whose repr, type and methods differ from
+    dict's (OrderedDict, Counter, defaultdict); else a plain dict."""
+    if v.cls in (collections.OrderedDict, collections.Counter):
+        return v.cls()
+    if v.cls is collections.defaultdict:
+        factory = getattr(v, "default_factory", None)
+        return collections.defaultdict(None if factory is None else const_value(factory, why))
+    return {}
+
+
+def formatted(frame, v, conv=None, spec=""):
+    """The text of the f-string field `{v!conv:spec}`: the model's rendering of a Variable kind that has
+    one (`text(frame, v, str or repr)`), else v's constant value formatted."""
+    render = getattr(VARIABLE_MODELS.get(type(v)), "text", None)
+    if render is not None and (conv is not None or spec == ""):  # (object.__format__: str(v), no spec)
+        return format(render(frame, v, conv or str), spec)
+    value = const_value(v, "formatting a non-constant value")
+    return format(conv(value) if conv else value, spec)
 
 
 def specialize(v):
@@ -2331,6 +2363,8 @@ def mapping_items(frame, v):
     keys() and [k], or an iterable of key/value pairs."""
     if isinstance(v, DictVariable):
         return dict(v.items)
+    if (read := getattr(model_of(v), "mapping_items", None)) is not None:  # a model's own reading
+        return read(frame, v)
     if isinstance(v, ConstantVariable) and isinstance(v.value, dict):
         return dict_items(frame, v)
     if is_mapping_object(v):

@@ -11,17 +11,17 @@ import types
 import torch
 
 from kiln.capture import data_scalars
-from kiln.capture.objects import (BUILTIN_HANDLERS, CONTAINER_METHODS, apply_operator, call, call_method,
-                                  const_value, delattr_var, describe, dict_key, fold_natively, get_iter, get_reversed,
-                                  getattr_var, getitem, is_same, iter_next, key_var, make_tuple, mapping_items,
-                                  model_of, new_set, python_dunder, python_special, set_add, set_key, set_update,
-                                  setattr_var, setitem, truth, unpack_iterable)
+from kiln.capture.objects import (BUILTIN_HANDLERS, CONTAINER_METHODS, VARIABLE_MODELS, apply_operator, call,
+                                  call_method, const_value, delattr_var, describe, dict_key, fold_natively, get_iter,
+                                  get_reversed, getattr_var, getitem, is_same, iter_next, key_var, make_tuple,
+                                  mapping_items, model_of, new_set, python_dunder, python_special, set_add, set_key,
+                                  set_update, setattr_var, setitem, truth, unpack_iterable)
 from kiln.capture.variables import (BaseIterator, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
                                     EnumerateIterator, FilterIterator, MapIterator, ZipIterator, FreshObjectVariable,
                                     FunctionVariable, GeneratorVariable, IteratorVariable,
                                     ListVariable, MethodVariable, ObjectVariable, PartialVariable,
-                                    SetVariable,
-                                    SuperVariable, SymNodeVariable, TensorVariable, TupleVariable, const)
+                                    SequenceIterator, SetVariable, SuperVariable, SymNodeVariable, TensorVariable,
+                                    TupleVariable, const)
 from kiln.exc import Unsupported
 
 
@@ -188,27 +188,7 @@ _DICT_ARITY = {"keys": (0, 0), "values": (0, 0), "items": (0, 0), "clear": (0, 0
 _DICT_KEYWORDS = {"update": None, "__init__": None, "popitem": {"last"}, "move_to_end": {"last"}}  # None: any
 
 
-_KEY_REMOVERS = {"pop", "popitem", "__delitem__", "clear"}
-_KEY_ADDERS = {"__setitem__", "setdefault", "update", "__ior__"}
-
-
-def refuse_order_bypass(frame, cls, d, name, args):
-    """`dict.m(od, ...)`: dict's own method adding or removing a key of an OrderedDict skips the
-    OrderedDict's order bookkeeping, which CPython then iterates inconsistently (list(od) misses the
-    key, len(od) counts it): capture breaks rather than model that. Updating values is fine."""
-    if not (isinstance(d, DictVariable) and issubclass(d.cls, collections.OrderedDict) and
-            not issubclass(cls, collections.OrderedDict)) or name not in _KEY_REMOVERS | _KEY_ADDERS:
-        return
-    if name in _KEY_ADDERS and name != "update" and name != "__ior__" and args and dict_key(args[0]) in d.items:
-        return
-    if name in ("update", "__ior__") and len(args) == 1 and \
-            all(k in d.items for k in mapping_items(frame, args[0])):
-        return
-    raise Unsupported(f"{cls.__name__}.{name} on an OrderedDict bypasses its order bookkeeping",
-                      kind="unsupported_object")
-
-
-def _check_dict_arguments(d, name, args, kwargs):
+def check_dict_arguments(d, name, args, kwargs):
     low, high = _DICT_ARITY.get(name, (0, len(args)))
     if name == "popitem" and issubclass(d.cls, collections.OrderedDict):
         high = 1  # OrderedDict.popitem(last=True)
@@ -229,9 +209,9 @@ def _check_dict_arguments(d, name, args, kwargs):
     raise Unsupported(f"TypeError: {e}", python_exception=e)
 
 
-def _dict_method(frame, d, name, args, kwargs):
+def dict_method(frame, d, name, args, kwargs):
     og = frame.og
-    _check_dict_arguments(d, name, args, kwargs)
+    check_dict_arguments(d, name, args, kwargs)
     if name in ("keys", "values", "items"):
         return DictViewVariable(d, name)
     if name in ("get", "__getitem__"):
@@ -257,7 +237,7 @@ def _dict_method(frame, d, name, args, kwargs):
             copied.default_factory = d.default_factory
         return copied
     if name == "__or__":
-        merged = _dict_method(frame, d, "copy", [], {}) if d.cls in (dict, collections.OrderedDict,
+        merged = dict_method(frame, d, "copy", [], {}) if d.cls in (dict, collections.OrderedDict,
                                                                       collections.defaultdict) else DictVariable(d.items)
         merged.items.update(mapping_items(frame, args[0]))
         return merged
@@ -268,6 +248,7 @@ def _dict_method(frame, d, name, args, kwargs):
             raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
         value = d.items.pop(k)
         d.items = {k: value, **d.items} if not last else {**d.items, k: value}
+        d.reordered = True  # (the storage keeps its order: dict.popitem(od) no longer takes the last key)
         og.side_effects.mark_mutated(d)
         return const(None)
     if name in ("__setitem__", "update", "__init__", "__ior__", "pop", "setdefault", "clear", "__delitem__",
@@ -275,11 +256,11 @@ def _dict_method(frame, d, name, args, kwargs):
         if d.cls is types.MappingProxyType:
             raise Unsupported(f"mappingproxy does not support {name}", python_exception=TypeError(name))
         og.side_effects.mark_mutated(d)
-        return _dict_mutation(frame, d, name, args, kwargs)
+        return dict_mutation(frame, d, name, args, kwargs)
     raise Unsupported(f"dict.{name}")
 
 
-def _dict_mutation(frame, d, name, args, kwargs):
+def dict_mutation(frame, d, name, args, kwargs):
     if name == "__setitem__":
         d.items[dict_key(args[0])] = args[1]
         return const(None)
@@ -481,6 +462,8 @@ def _text_of(fn, dunder):
     """str() / repr(): a class's own Python __str__ / __repr__ runs; constants fold natively."""
     def handler(frame, args, kwargs):
         v = args[0] if args else None
+        if len(args) == 1 and not kwargs and (render := getattr(VARIABLE_MODELS.get(type(v)), "text", None)):
+            return const(render(frame, v, fn))
         if isinstance(v, (ObjectVariable, FreshObjectVariable)) and not kwargs and len(args) == 1:
             cls = v.python_type()
             for name in (dunder, "__repr__"):
@@ -616,8 +599,46 @@ def _b_numeric(fn):
     def handler(frame, args, kwargs):
         if args and isinstance(args[0], TensorVariable):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data", kind="data_dependent")
+        if fn is bool and len(args) == 1 and not kwargs and model_of(args[0]) is not None:
+            return const(truth(frame, args[0]))  # (a modelled kind's truth: its model's)
         return fold_natively(frame.og, fn, args, kwargs)
     return handler
+
+
+def _b_length_hint(frame, args, kwargs):
+    """operator.length_hint(obj, default=0) as PyObject_LengthHint: a list/tuple/range/str iterator's
+    is what it has left; a class's own Python __length_hint__ runs (unless it has a __len__), its
+    NotImplemented giving the default. The rest folds natively."""
+    default = args[1] if len(args) == 2 else const(0)
+    if kwargs or not 1 <= len(args) <= 2 or not (isinstance(default, ConstantVariable) and type(default.value) is int):
+        return fold_natively(frame.og, operator.length_hint, args, kwargs)  # (and CPython's TypeError)
+    obj = args[0]
+    if isinstance(obj, SequenceIterator):
+        return const(_left_in(obj))
+    hint = python_special(frame, obj, "__length_hint__")
+    if hint is None or python_special(frame, obj, "__len__") is not None:
+        return fold_natively(frame.og, operator.length_hint, args, kwargs)
+    value = const_value(call(frame, hint, [], {}), "a __length_hint__ result")
+    if value is NotImplemented:
+        return default
+    if not isinstance(value, int):
+        e = TypeError(f"__length_hint__ must be an integer, not {type(value).__name__}")  # CPython's words
+    elif value < 0:
+        e = ValueError("__length_hint__() should return >= 0")
+    else:
+        return const(value)
+    raise Unsupported(f"{type(e).__name__}: {e}", python_exception=e)
+
+
+def _left_in(it):
+    """How many items a sequence iterator has left, as its C __length_hint__ says: none once exhausted
+    (it dropped the sequence) or once the sequence shrank below its position."""
+    if it.done:
+        return 0
+    seq = it.seq.value if isinstance(it.seq, ConstantVariable) else it.seq.items
+    if it.reverse:
+        return it.index + 1 if len(seq) >= it.index + 1 else 0
+    return max(len(seq) - it.index, 0)
 
 
 def _number_of(fn):
@@ -799,10 +820,10 @@ BUILTIN_HANDLERS.update({
                                                              cls=const_value(args[0])),
     object.__new__: lambda frame, args, kwargs: FreshObjectVariable(const_value(args[0])),
     math.floor: _b_numeric(math.floor), math.ceil: _b_numeric(math.ceil), math.sqrt: _b_numeric(math.sqrt),
-    math.prod: _b_prod,
+    math.prod: _b_prod, operator.length_hint: _b_length_hint,
     **{fn: _b_itertools(fn, which) for fn, which in _ITERTOOLS.items()},
     itertools.chain.from_iterable: _b_chain_from_iterable, itertools.accumulate: _b_accumulate,
     **{fn: _torch_check(error) for fn, error in _TORCH_CHECKS.items()}, torch._check_is_size: _torch_check_is_size,
 })
 
-CONTAINER_METHODS.update({ListVariable: call_list_method, DictVariable: _dict_method, SetVariable: _set_method})
+CONTAINER_METHODS.update({ListVariable: call_list_method, DictVariable: dict_method, SetVariable: _set_method})
