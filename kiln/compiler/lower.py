@@ -74,6 +74,9 @@ class GraphLowering(LoweringContext):
         self.outputs = []           # per graph output: ("buffer", name, layout) | ("value", python)
         self.fallbacks = []         # names of aten ops that went to aten
         self.env = {}
+        # id(lazy value) -> (value, its view): a value realized for one aten call is reused by the
+        # next, not computed again (a linear's backward feeds one gradient to two matmuls)
+        self.extern_args = {}
         # size symbol -> Python source reading it from the inputs (empty for static graphs); float
         # symbols (not integer) -> Python source computing them from the size symbols
         self.symbol_sources = {}
@@ -211,6 +214,17 @@ class GraphLowering(LoweringContext):
             self.env[node] = self.realize(value)
 
     # ---- externs -------------------------------------------------------------------------
+    def realize_for_extern(self, value):
+        """`realize(value)`, once per lazy value: every aten call that reads it reads one buffer."""
+        if value.view is not None:
+            return value
+        seen = self.extern_args.get(id(value))
+        if seen is not None and seen[0] is value:
+            return seen[1]
+        realized = self.realize(value)
+        self.extern_args[id(value)] = (value, realized)
+        return realized
+
     def extern(self, node, args, kwargs, reason):
         """Call aten for `node`; tensor arguments are realized, results become ExternBuffers."""
         log("perf_hints", "%s runs through aten (%s)", node.target, reason)
@@ -224,7 +238,7 @@ class GraphLowering(LoweringContext):
                 # origins are that value's node's
                 saved = self.origin_node
                 self.origin_node = source = next((n for n in node.all_input_nodes if self.env.get(n) is a), node)
-                view = self.realize(a).view
+                view = self.realize_for_extern(a).view
                 if node.target in _READS_STRIDES and source is not node and \
                         isinstance(traced := source.meta.get("val"), torch.Tensor) and \
                         view.layout.strides != sym_layout(traced).strides:

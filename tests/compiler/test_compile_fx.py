@@ -303,3 +303,18 @@ def test_a_cat_of_many_parts_is_copied_by_aten_and_read_plainly():
     assert not any("cat" in k.name for k in kernels(c)), kernels(c)
     two = check(lambda a, b: torch.relu(torch.cat([-b, a], -1)), torch.randn(4, 16), torch.randn(4, 16))
     assert not two.kiln_fallbacks and len(kernels(two)) == 1
+
+
+def test_a_value_read_by_two_aten_calls_is_computed_once():
+    """A cheap value (below the shared-realize cost) that two aten calls read is computed into one
+    buffer both read: a linear's backward feeds one gradient to its two matmuls, which computed it
+    twice (two kernels, two buffers). Here, and with NaN/inf in the inputs, the results are eager's."""
+    def two_matmuls(a, b, w1, w2):
+        v = a * b - a
+        return torch.mm(v, w1), torch.mm(w2, v)
+
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    a[3, 5], b[7, 1], a[9, 2] = float("nan"), float("inf"), float("-inf")
+    c = check(two_matmuls, a, b, torch.randn(32, 16), torch.randn(8, 64))
+    assert len(kernels(c)) == 1, kernels(c)
+    assert str(c.kiln_fallbacks).count("aten.mm") == 2, c.kiln_fallbacks
