@@ -21,13 +21,11 @@ sizes the trace uses the symbolic fake values capture records on the placeholder
 compiled forward and backward serve every size. Double backward through the compiled backward
 is refused with an error (it is not differentiable), never answered with a wrong gradient.
 """
-import contextlib
 import dataclasses
 
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import traceback as fx_traceback
-from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -153,12 +151,8 @@ def _alias_view(alias, primal):
 
 def _run_user_graph(flat_graph, primals, cloned):
     """flat_graph(*primals) with grad on, as eager would run it; the inputs in `cloned` are
-    replaced by clones first. Returns (the inputs it ran on, its outputs, the clones' grad_fns).
-    With symbolic sizes the ops run through the Python dispatcher, as capture ran them (graph_builder's
-    _dispatcher_for): C++ composites read concrete sizes (addcmul of broadcast operands raised
-    "SymIntArrayRef expected to contain only concrete integers" here under dynamic=True)."""
-    symbolic = any(is_symbolic(p) for p in primals)
-    with torch.enable_grad(), enable_python_dispatcher() if symbolic else contextlib.nullcontext():
+    replaced by clones first. Returns (the inputs it ran on, its outputs, the clones' grad_fns)."""
+    with torch.enable_grad():
         inputs = [p.clone() if i in cloned else p for i, p in enumerate(primals)]
         clone_grad_fns = {i: inputs[i].grad_fn for i in cloned}
         outputs = flat_graph(*inputs)
