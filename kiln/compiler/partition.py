@@ -21,6 +21,7 @@ import operator
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from kiln.torch_compat import optimization_hint
 
 aten = torch.ops.aten
@@ -52,6 +53,7 @@ def partition(joint, num_primals, num_forward_outputs, *, recompute=True, unsave
     j = _JointView(joint, num_primals, num_forward_outputs, unsaveable)
     saved = _min_cut_saved(j) if recompute else _used_forward_values(j)
     saved = sorted(_read_by_backward(j, saved), key=j.order.__getitem__)
+    saved += _unreadable_size_symbols(j, saved)
     forward = _forward_graph(j, saved)
     backward = _backward_graph(j, saved)
     return Partition(forward, backward, len(saved), sum(_save_cost(j, n) for n in saved))
@@ -109,6 +111,63 @@ def _read_by_backward(j, saved):
     to save, so the cut is no dearer with them), which would only cost a saved-tensor slot."""
     gradients = [g for g in j.gradients if isinstance(g, fx.Node)]
     return set(saved) & _ancestors(gradients, stop=set(saved))
+
+
+def _unreadable_size_symbols(j, saved):
+    """Forward values to save as well: the plain size symbols (s0) that the backward's values are
+    sized by but that no input of it holds as they are. Its compile reads each symbol from an
+    input's size, stride or SymInt value, so a backward whose only input is a tangent of size
+    (s0 + 1) // 2 (the gradient of x.chunk(2)[0]: the input x is not needed) cannot read s0 and
+    is not compiled. Each is read in the forward from the primal that holds it (aten.sym_size)."""
+    backward = _ancestors((g for g in j.gradients if isinstance(g, fx.Node)), stop=set(saved))
+    needed = set().union(*(_size_exprs(n) for n in backward | set(j.tangents)))
+    needed = {s for e in needed for s in e.free_symbols}
+    missing = needed - {e for n in [*saved, *j.tangents] for e in _size_exprs(n) if e.is_Symbol}
+    if not missing:
+        return []
+    extra = {}
+    for n in j.graph.nodes:  # a forward node that is the symbol already (a sym_size, a SymInt input)
+        val = n.meta.get("val")
+        if n not in j.after_tangents and isinstance(val, torch.SymInt) and val.node.expr in missing:
+            extra.setdefault(val.node.expr, n)
+    for primal in j.primals:
+        for expr, read in _size_readers(primal):
+            if expr in missing and expr not in extra:
+                extra[expr] = _insert_after_placeholders(j.graph, read, primal)
+    return list(extra.values())
+
+
+def _size_exprs(node):
+    """The sympy expressions of a node's symbolic sizes, strides, storage offset or SymInt value."""
+    exprs = []
+    for v in pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(v, torch.Tensor):
+            exprs += [s.node.expr for s in (*v.shape, *v.stride(), v.storage_offset()) if isinstance(s, torch.SymInt)]
+        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            exprs.append(v.node.expr)
+    return exprs
+
+
+def _size_readers(primal):
+    """(expression, (op, args)) for each symbolic size, stride and the storage offset of a primal."""
+    val = primal.meta.get("val")
+    if isinstance(val, torch.SymInt):
+        return []  # a SymInt input is a node itself (found among the forward nodes)
+    if not isinstance(val, torch.Tensor):
+        return []
+    readers = [(s, (aten.sym_size.int, (primal, d))) for d, s in enumerate(val.shape)]
+    readers += [(s, (aten.sym_stride.int, (primal, d))) for d, s in enumerate(val.stride())]
+    readers.append((val.storage_offset(), (aten.sym_storage_offset.default, (primal,))))
+    return [(s.node.expr, read) for s, read in readers if isinstance(s, torch.SymInt)]
+
+
+def _insert_after_placeholders(graph, read, primal):
+    op, args = read
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    with graph.inserting_after(last):
+        node = graph.call_function(op, args)
+    node.meta["val"] = op(primal.meta["val"], *args[1:])
+    return node
 
 
 def _min_cut_saved(j):

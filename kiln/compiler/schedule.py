@@ -233,8 +233,16 @@ def _fits(kernel, node):
     return None
 
 
+# the most nodes one kernel takes: a C compiler's time on one loop grows faster than its number of
+# streams (the backward of x.unbind(1)[k] on 257 columns fills 256 zero slices: as one loop of 256
+# stores, gcc -O3 took over 8 minutes and 3 GB; as four loops of 64, seconds)
+MAX_KERNEL_NODES = 64
+
+
 def try_fuse(kernel, node, epilogue_fusion=True):
     """Add `node` to `kernel` if legal (see the module doc); returns whether it did."""
+    if len(kernel.nodes) >= MAX_KERNEL_NODES:
+        return False
     if node.sequential is not None or any(n.sequential is not None for n in kernel.nodes):
         return False
     if not epilogue_fusion and not node.is_reduction and any(

@@ -318,3 +318,17 @@ def test_a_value_read_by_two_aten_calls_is_computed_once():
     c = check(two_matmuls, a, b, torch.randn(32, 16), torch.randn(8, 64))
     assert len(kernels(c)) == 1, kernels(c)
     assert str(c.kiln_fallbacks).count("aten.mm") == 2, c.kiln_fallbacks
+
+
+def test_a_kernel_takes_at_most_so_many_buffers():
+    """A hundred outputs of one size would fuse into one loop of a hundred stores; gcc's time on a
+    loop grows faster than its streams (the backward of x.unbind(1)[k] on 257 columns, 256 zero
+    slices in one loop, took gcc -O3 over 8 minutes; found by tests/compiler/test_fuzz_training.py),
+    so a kernel takes at most schedule.MAX_KERNEL_NODES buffers."""
+    from kiln.compiler.schedule import MAX_KERNEL_NODES
+
+    def many(x):
+        return tuple(x * i for i in range(2 * MAX_KERNEL_NODES + 3))
+    c = check(many, torch.randn(7))
+    sizes = [len(k.buffers) for k in kernels(c)]
+    assert sum(sizes) == 2 * MAX_KERNEL_NODES + 3 and max(sizes) <= MAX_KERNEL_NODES, sizes

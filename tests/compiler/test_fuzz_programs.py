@@ -96,7 +96,8 @@ ACCURATE_F = _AccurateFunctional()
 
 # ops choosing between -0.0 and 0.0 on a tie: eager's vector and scalar paths pick differently
 MINMAX = ("maximum", "minimum", "fmax", "clamp", "hardtanh", "amax", "amin", "torch.max(", "torch.min(", ".max()",
-          ".min()", "cummax", "cummin", "max_pool", "relu", "adaptive_max")
+          ".min()", "cummax", "cummin", "max_pool", "relu", "adaptive_max", "sort", "topk", "kthvalue", "hardswish",
+          "hardsigmoid", "shrink", "fmin", "vector_norm")
 # ops whose result depends on the sign of a zero
 SIGN_SENSITIVE = ("signbit", "/", "atan2", "reciprocal", "rsqrt", "**", "fmod", "remainder", "%", "div(", "log")
 FLOAT_DTYPES = (torch.float32, torch.float64)
@@ -259,7 +260,8 @@ class Reject(Exception):
 NOT_SMOOTH = ("==", "!=", "<", ">", "/", "%", "**", "where", ".long()", ".int()", ".bool()", "torch.int", "torch.bool",
               "argmax", "argmin", "floor", "ceil", "round", "trunc", "sign", "isnan", "isinf", "isfinite", "logical",
               "bitwise", "frac", "&", "|", "^", "log", "sqrt", "reciprocal", "asin", "acos", "atanh", "tan(", "exp",
-              "layer_norm", "fmod", "remainder", "div", "prod", "return_indices", ")[1]", "erfc", "~")
+              "layer_norm", "fmod", "remainder", "div", "prod", "return_indices", ")[1]", "erfc", "~", "group_norm",
+              "batch_norm", "normalize", "cosine", "shrink", "copysign", "soft_margin", "sinc")
 
 
 def is_smooth(expr):
@@ -989,9 +991,173 @@ class ProgramGen:
         self.special[name] = (fn.format(x=x), x)
         return name
 
+    def op_layout(self):
+        """Ops that move values without computing them: roll, repeat, tile, tril/triu, pad,
+        repeat_interleave, overlapping windows (unfold), sort/topk values, a boolean mask."""
+        r = self.rng
+        x = self.pick(lambda u: u.ndim > 0)
+        t = self.env[x]
+        n, d = t.ndim, r.randrange(t.ndim)
+        kind = r.choice(("roll", "repeat", "tile", "tril", "triu", "pad", "pad_mode", "repeat_interleave", "unfold",
+                         "sort", "topk", "kthvalue", "masked", "masked_fill", "diff"))
+        if kind == "roll":
+            return self.run(f"torch.roll({x}, {r.choice((1, -2, 3))}, {d})", [x], "move")
+        if kind in ("repeat", "tile"):
+            reps = [r.choice((1, 1, 2, 3)) for _ in range(n + r.choice((0, 0, 1)))]
+            return self.run(f"{x}.{kind}({tuple(reps)})", [x], "move")
+        if kind in ("tril", "triu") and n >= 2:
+            return self.run(f"torch.{kind}({x}, {r.choice((0, 0, 1, -1))})", [x], "move")
+        if kind == "pad":
+            pads = tuple(r.choice((0, 1, 2, -1)) for _ in range(2 * r.randint(1, min(n, 3))))
+            return self.run(f"F.pad({x}, {pads}, value={self.scalar(t, exact_only=True)})", [x], "move")
+        if kind == "pad_mode" and is_float(t):
+            mode = r.choice(("reflect", "replicate", "circular"))
+            pads = tuple(r.choice((0, 1, 2)) for _ in range(2 * r.randint(1, min(max(n - 1, 1), 3))))
+            return self.run(f"F.pad({x}, {pads}, mode='{mode}')", [x], "move")
+        if kind == "repeat_interleave":
+            return self.run(f"{x}.repeat_interleave({r.choice((2, 3))}, {d})", [x], "move")
+        if kind == "unfold" and t.shape[d] >= 1:
+            size = r.randint(1, t.shape[d])
+            return self.run(f"{x}.unfold({d}, {size}, {r.choice((1, 2, size))})", [x], "move")
+        if kind == "sort":  # values only: equal keys may come in either order, their values may not
+            desc = r.random() < 0.5
+            expr = f"torch.sort({x}, {d}, descending={desc})[0]" if r.random() < 0.5 else \
+                f"{x}.sort({d}, descending={desc}).values"
+            return self.run(expr, [x], "move")
+        if kind == "topk" and t.shape[d] >= 1:
+            return self.run(f"torch.topk({x}, {r.randint(1, t.shape[d])}, {d}, largest={r.random() < 0.6})[0]", [x],
+                            "move")
+        if kind == "kthvalue" and t.shape[d] >= 1 and t.dtype != torch.bool:
+            return self.run(f"torch.kthvalue({x}, {r.randint(1, t.shape[d])}, {d})[0]", [x], "move")
+        if kind in ("masked", "masked_fill"):
+            m = self.pick(lambda u: u.dtype == torch.bool and _broadcasts(u.shape, t.shape))
+            if kind == "masked":  # its size is the mask's count: data-dependent
+                return self.run(f"{x}[{m}]" if self.env[m].shape == t.shape else f"{x}.masked_select({m})",
+                                [x, m], "move")
+            return self.run(f"{x}.masked_fill({m}, {self.scalar(t, exact_only=True)})", [x, m], "move")
+        if kind == "diff" and t.dtype != torch.bool:
+            return self.run(f"torch.diff({x}, dim={d})", [x], "arith")
+        raise Reject("layout op does not apply")
+
+    def op_nn(self):
+        """What training code is made of: activations, losses, normalizations, linear layers and
+        convolutions, embeddings, norms and distances."""
+        r = self.rng
+        x = self.pick(lambda u: u.ndim > 0 and u.dtype in FLOAT_DTYPES)
+        t = self.env[x]
+        kind = r.choice(("act", "act", "glu", "loss", "loss", "lerp", "addcmul", "binary", "normalize", "vector_norm",
+                         "cosine", "group_norm", "batch_norm", "linear", "linear", "bmm", "einsum", "conv",
+                         "embedding", "interpolate", "cross_entropy"))
+        if kind == "act":
+            fn = r.choice(("F.leaky_relu({x}, 0.25)", "F.elu({x})", "F.hardswish({x})", "F.hardsigmoid({x})",
+                           "F.softplus({x}, beta=2.0)", "F.mish({x})", "F.celu({x})", "F.selu({x})",
+                           "F.softsign({x})", "F.logsigmoid({x})", "F.relu6({x})", "F.silu({x})",
+                           "F.gelu({x}, approximate='tanh')", "torch.sinc({x})", "F.tanhshrink({x})",
+                           "F.softshrink({x}, 0.5)", "F.hardshrink({x}, 0.5)", "torch.special.expit({x})"))
+            if "gelu" in fn and bool((t == float("inf")).any()):
+                raise Reject("gelu(inf) (EXCLUDED)")
+            mode = "arith" if "leaky_relu" in fn else "inexact"
+            return self.run(fn.format(x=x), [x], mode, needs_exact="shrink" in fn or "relu6" in fn)
+        if kind == "glu":
+            d = r.randrange(t.ndim)
+            return self.run(f"F.glu({x}, {d})", [x], "inexact")
+        if kind == "loss":
+            y = self.new_input(t.shape, t.dtype)
+            red = r.choice(("mean", "sum", "none"))
+            fn = r.choice(("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits",
+                           "soft_margin_loss"))
+            expr = f"F.{fn}({x}, {y}, reduction='{red}')"
+            return self.run(expr, [x, y], "inexact", needs_exact=fn in ("l1_loss", "smooth_l1_loss", "huber_loss"))
+        if kind == "cross_entropy" and t.ndim == 2 and t.shape[1] >= 1:
+            idx = self.new_input((t.shape[0],), torch.int64, kind="index", high=t.shape[1])
+            fn = r.choice(("cross_entropy", "nll_loss"))
+            arg = x if fn == "cross_entropy" else f"F.log_softmax({x}, 1)"
+            extra = r.choice(("", ", reduction='sum'", ", reduction='none'", ", label_smoothing=0.25")) \
+                if fn == "cross_entropy" else r.choice(("", ", reduction='none'"))
+            return self.run(f"F.{fn}({arg}, {idx}{extra})", [x], "inexact")
+        if kind == "lerp":
+            y = self.broadcastable_partner(t)
+            if self.env[y].dtype != t.dtype:
+                raise Reject("lerp takes one dtype")
+            return self.run(f"torch.lerp({x}, {y}, {r.choice((0.25, 0.5, 0.75))})", [x, y], "arith")
+        if kind == "addcmul":
+            y, z = self.broadcastable_partner(t), self.broadcastable_partner(t)
+            fn = r.choice(("addcmul", "addcdiv"))
+            if fn == "addcdiv" and not (self.exact[z] and bool((self.env[z].abs() >= 0.25).all())):
+                raise Reject("division by an inexact value or zero")
+            return self.run(f"torch.{fn}({x}, {y}, {z}, value={r.choice((0.5, -2, 1))})", [x, y, z],
+                            "arith" if fn == "addcmul" else "inexact")
+        if kind == "binary":
+            y = self.broadcastable_partner(t)
+            fn = r.choice(("hypot", "logaddexp", "xlogy", "copysign", "fmin", "float_power"))
+            if fn == "float_power":
+                return self.run(f"torch.float_power({x}.abs() + 0.5, 2)", [x], "inexact")
+            return self.run(f"torch.{fn}({x}, {y})", [x, y], "move" if fn == "fmin" else "inexact",
+                            needs_exact=fn in ("copysign", "xlogy"))
+        if kind == "normalize":
+            d = r.randrange(t.ndim)
+            return self.run(f"F.normalize({x}, dim={d})", [x], "inexact", needs_exact=True)
+        if kind == "vector_norm":
+            d = r.randrange(t.ndim)
+            ord_ = r.choice(("2", "1", "float('inf')", "3"))
+            return self.run(f"torch.linalg.vector_norm({x}, {ord_}, dim={d}, keepdim={r.random() < 0.4})", [x],
+                            "move" if "inf" in ord_ else "inexact", needs_exact=True)
+        if kind == "cosine":
+            y = self.broadcastable_partner(t)
+            return self.run(f"F.cosine_similarity({x}, {y}, dim={r.randrange(-t.ndim, 0)})", [x, y], "inexact",
+                            needs_exact=True)
+        if kind in ("group_norm", "batch_norm") and t.ndim >= 2 and t.shape[1] >= 1:
+            if not self.exact[x] or (t.numel() and float(t.double().var().nan_to_num(0)) < 1e-2):
+                raise Reject("normalizing an inexact or near-constant value: ill-conditioned")
+            c = t.shape[1]
+            w = self.new_input((c,), t.dtype) if r.random() < 0.6 else "None"
+            b = self.new_input((c,), t.dtype) if r.random() < 0.5 else "None"
+            operands = [x] + [v for v in (w, b) if v != "None"]
+            if kind == "group_norm":
+                g = r.choice([k for k in range(1, c + 1) if c % k == 0])
+                return self.run(f"F.group_norm({x}, {g}, {w}, {b})", operands, "inexact")
+            return self.run(f"F.batch_norm({x}, None, None, {w}, {b}, training=True)", operands, "inexact")
+        if kind == "linear":
+            k = t.shape[-1]
+            w = self.new_input((r.choice((1, 3, 8)), k), t.dtype)
+            b = self.new_input((self.env[w].shape[0],), t.dtype) if r.random() < 0.6 else None
+            return self.run(f"F.linear({x}, {w}{', ' + b if b else ''})", [x, w] + ([b] if b else []), "inexact")
+        if kind == "bmm" and t.ndim == 3:
+            y = self.new_input((t.shape[0], t.shape[2], r.choice((1, 2, 5))), t.dtype)
+            if r.random() < 0.5:
+                return self.run(f"torch.bmm({x}, {y})", [x, y], "inexact")
+            z = self.new_input((t.shape[0], t.shape[1], self.env[y].shape[2]), t.dtype)
+            return self.run(f"torch.baddbmm({z}, {x}, {y}, beta=0.5, alpha=2)", [x, y, z], "inexact")
+        if kind == "einsum" and t.ndim == 2:
+            y = self.new_input((t.shape[1], r.choice((1, 3, 4))), t.dtype)
+            eq = r.choice(("ij,jk->ik", "ij,jk->ki", "ij,jk->i", "ij,jk->jk"))
+            if eq == "ij,jk->jk":
+                return self.run(f"torch.einsum('ij,ij->j', {x}, {x})", [x], "inexact")
+            return self.run(f"torch.einsum('{eq}', {x}, {y})", [x, y], "inexact")
+        if kind == "conv" and t.ndim in (3, 4):
+            cin = t.shape[1]
+            k = r.choice((1, 2, 3))
+            dims = t.ndim - 2
+            groups = r.choice([g for g in (1, 2) if cin % g == 0])
+            w = self.new_input((r.choice((1, 2, 4)) * groups, cin // groups) + (k,) * dims, t.dtype)
+            b = self.new_input((self.env[w].shape[0],), t.dtype) if r.random() < 0.5 else "None"
+            fn = "conv1d" if dims == 1 else "conv2d"
+            operands = [x, w] + ([b] if b != "None" else [])
+            return self.run(f"F.{fn}({x}, {w}, {b}, stride={r.choice((1, 2))}, padding={r.choice((0, 1))}, "
+                            f"groups={groups})", operands, "inexact")
+        if kind == "embedding" and t.ndim == 2 and t.shape[0] >= 1:
+            idx = self.new_input(r.choice(((3,), (2, 4), (5,))), torch.int64, kind="index", high=t.shape[0])
+            return self.run(f"F.embedding({idx}, {x})", [x], "move")
+        if kind == "interpolate" and t.ndim in (3, 4):
+            mode = r.choice(("nearest", "linear" if t.ndim == 3 else "bilinear"))
+            extra = ", align_corners=False" if mode != "nearest" else ""
+            return self.run(f"F.interpolate({x}, scale_factor=2, mode='{mode}'{extra})", [x],
+                            "move" if mode == "nearest" else "inexact")
+        raise Reject("nn op does not apply")
+
     OPS = (("op_unary", 5), ("op_binary", 7), ("op_where", 2), ("op_cast", 2), ("op_reduce", 4), ("op_norm", 1),
            ("op_view", 5), ("op_cat", 1), ("op_gather", 1), ("op_clamp", 1), ("op_inplace", 2), ("op_matmul", 1),
-           ("op_scan_pool", 1), ("op_scatter", 1), ("op_special", 1))
+           ("op_scan_pool", 1), ("op_scatter", 1), ("op_special", 1), ("op_layout", 2), ("op_nn", 3))
 
     def generate(self):
         r = self.rng

@@ -118,3 +118,23 @@ def test_an_in_place_clamp_of_an_intermediate_trains_under_dynamic_sizes():
             (fn(a, b) * torch.randn(2 * n, 3)).sum().backward()
             grads.append((a.grad, b.grad))
         torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_a_backward_whose_only_input_is_sized_by_an_expression_compiles():
+    """The gradient of b in a.chunk(2)[0] - b reads only the tangent, of size (s0 + 1) // 2: no
+    input of the backward holds s0 itself, so its compile could not bind it ("size symbols ['s..']
+    have no input to read them from" under debug; without debug the backward ran through aten).
+    The forward now saves the plain symbol s0 (found by tests/compiler/test_fuzz_training.py)."""
+    def f(a, b):
+        return (a.chunk(2, 0)[0] - b,)
+
+    compiled = kiln.compile(f, dynamic=True, options={"debug": True})
+    for n in (7, 4, 9):
+        grads = []
+        for fn in (f, compiled):
+            a, b = torch.randn(n, 3), torch.randn(1, 3, requires_grad=True)
+            torch.manual_seed(0)
+            out = fn(a, b)[0]
+            (out * torch.randn(out.shape)).sum().backward()
+            grads.append(b.grad)
+        torch.testing.assert_close(grads[1], grads[0])
