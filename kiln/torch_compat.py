@@ -3,10 +3,13 @@
 Tested: torch 2.13 (Python 3.11), 2.11 (Python 3.12) and 2.14.1 (Python 3.13). Each name below is the
 current torch's, with the older spelling as the fallback.
 """
+import contextlib
 import functools
 import inspect
 
 import torch
+import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch.amp import autocast_mode
 from torch.fx.experimental import symbolic_shapes
 
@@ -22,6 +25,39 @@ UnmanagedAutocast = getattr(autocast_mode, "_UnmanagedAutocast", autocast_mode.a
 # shapes than eager's C++ kernel in this torch: their fake run always takes the C++ path. torch 2.11's
 # `lstm_impl` (one_layer_lstm) returns h_n/c_n with an extra dim when the input requires grad.
 WRONG_PYTHON_DECOMPOSITIONS = frozenset([torch.lstm, torch._VF.lstm] if torch.__version__ < (2, 13) else [])
+
+
+def dispatcher_for(target, args, kwargs):
+    """Where a fake run of op `target` dispatches (capture's, and training's trace of the graph
+    capture made). With symbolic sizes among its arguments: the Python dispatcher, which runs ops'
+    SymInt-aware Python decompositions as torch.compile does (C++ composites such as torch 2.11's
+    matmul, or addcmul of broadcast operands, read concrete sizes and fail; F.pad's meta would pin
+    the sizes). With static sizes: the C++ kernels eager itself runs, so the shapes are eager's
+    (torch 2.11's Python LSTM decomposition gives h_n an extra dim that eager's C++ LSTM does not)."""
+    if target in WRONG_PYTHON_DECOMPOSITIONS or not any_symbolic((args, kwargs)):
+        return contextlib.nullcontext()
+    return enable_python_dispatcher()
+
+
+_RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential", "poisson",
+                 "cauchy", "geometric", "seed", "rrelu")
+
+
+def draws_random(target):
+    """Whether op `target` (a function, method name or OpOverload) may draw random numbers, by its
+    name: a conservative test (F.normalize counts too)."""
+    name = (target if isinstance(target, str) else getattr(target, "__name__", repr(target))).lower()
+    return any(word in name for word in _RANDOM_WORDS)
+
+
+def any_symbolic(tree):
+    """Whether a symbolic number, or a tensor with a symbolic size, is among the leaves of `tree`."""
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape):
+            return True
+    return False
 
 # What a call of `SomeFunction.apply` calls, as a key for capture's handlers: torch before 2.14 defines
 # autograd.Function.apply as a classmethod of a Python function (the key: that function); torch 2.14

@@ -509,7 +509,7 @@ class OutputGraph:
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         for attempt in range(2):
             try:
-                with self.fake_mode, _dispatcher_for(target, fake_args, fake_kwargs), \
+                with self.fake_mode, torch_compat.dispatcher_for(target, fake_args, fake_kwargs), \
                         torch.set_grad_enabled(self.grad_enabled):
                     return _call_target(kind, target, fake_args, fake_kwargs)
             except _NEEDS_SHAPE_ENV:
@@ -522,13 +522,13 @@ class OutputGraph:
 
     def _fake_error_text(self, kind, target, fake_args, fake_kwargs, e):
         """The text of an op's failure on fake tensors. Where it ran the C++ kernels eager runs (static
-        sizes, see _dispatcher_for), the text of the Python decompositions torch.compile always runs
+        sizes, see torch_compat.dispatcher_for), the text of the Python decompositions torch.compile always runs
         follows when they fail otherwise ("expand: the requested shape has too few dimensions!" for
         eager's "expand(...): the number of sizes provided ..."), so that both eager's message and
         torch.compile's are in kiln's error. The op's failure is rare: the second run costs nothing
         on a path that works."""
         text = f"{type(e).__name__}: {e}"
-        if not isinstance(e, RuntimeError) or _any_symbolic((fake_args, fake_kwargs)):
+        if not isinstance(e, RuntimeError) or torch_compat.any_symbolic((fake_args, fake_kwargs)):
             return text  # (it ran the Python decompositions already)
         try:
             with self.fake_mode, enable_python_dispatcher(), torch.set_grad_enabled(self.grad_enabled):
@@ -705,27 +705,6 @@ def _stable_key(k):
         referent = k()
         return referent is not None and type(referent).__eq__ is object.__eq__ and _stable_key(referent)
     return type(k).__module__ == "typing" or type(k).__eq__ is object.__eq__ and not isinstance(k, torch.Tensor)
-
-
-def _dispatcher_for(target, fake_args, fake_kwargs):
-    """Where an op's fake run dispatches. With symbolic sizes among its arguments: the Python
-    dispatcher, which runs ops' SymInt-aware Python decompositions as torch.compile does (C++
-    composites such as torch 2.11's matmul call numel() on symbolic sizes and fail; F.pad's meta
-    would pin the sizes). With static sizes: the C++ kernels eager itself runs, so the shapes capture
-    sees are eager's (torch 2.11's Python LSTM decomposition gives h_n an extra dim that eager's
-    C++ LSTM does not)."""
-    if target in torch_compat.WRONG_PYTHON_DECOMPOSITIONS or not _any_symbolic((fake_args, fake_kwargs)):
-        return contextlib.nullcontext()
-    return enable_python_dispatcher()
-
-
-def _any_symbolic(tree):
-    for leaf in pytree.tree_leaves(tree):
-        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return True
-        if isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape):
-            return True
-    return False
 
 
 def _is_numpy_scalar(value):

@@ -17,9 +17,8 @@ import inspect
 import torch
 
 from kiln.debug.logs import log
+from kiln.torch_compat import draws_random
 
-_RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "exponential", "poisson",
-                 "cauchy", "geometric", "seed", "rrelu")
 # a check the graph runs on a number read out of tensor data (an `assert` or torch._check in the
 # frame) raises RuntimeError, as torch.compile's graph does, where eager's `assert` raises
 # AssertionError: kiln keeps torch.compile's RuntimeError there (tests of its own and Dynamo's expect it)
@@ -35,14 +34,9 @@ def can_rerun(og, code):
     for node in og.graph.nodes:
         if node.op == "call_module" or node.meta.get("kiln_writes_tensor") or node.target in _CHECKS:
             return False
-        if node.op in ("call_function", "call_method") and _draws_random(node.target):
+        if node.op in ("call_function", "call_method") and draws_random(node.target):
             return False
     return True
-
-
-def _draws_random(target):
-    name = (target if isinstance(target, str) else getattr(target, "__name__", repr(target))).lower()
-    return any(word in name for word in _RANDOM_WORDS)
 
 
 def rerun_eagerly(F, L, error):

@@ -22,6 +22,7 @@ in-place op on one shows in the other. Two views of an intermediate that is not 
 and views that change the dtype (`view_as_complex`), come back as separate tensors: equal values,
 no shared storage.
 """
+import contextlib
 import math
 import operator
 
@@ -35,6 +36,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
                                            FakeTensor)
 
 from kiln.compiler.decompositions import lowering_decompositions
+from kiln.torch_compat import dispatcher_for, draws_random
 from kiln.compiler.runner import AtenGraph, OutputAlias, OutputView, make_runner  # noqa: F401 (make_runner: aot's API)
 from kiln.debug import logs
 from kiln.exc import KilnError
@@ -168,9 +170,24 @@ def meta_keeping(gm):
 
 
 class _MetaKeepingInterpreter(torch.fx.Interpreter):
+    # each op dispatches as its fake run in capture did (torch_compat.dispatcher_for): a C++
+    # composite that reads concrete sizes (addcmul of broadcast operands) fails on symbolic ones.
+    # A random op keeps eager's C++ kernel: a Python decomposition (dropout's) draws other numbers
+    def call_function(self, target, args, kwargs):
+        with _dispatcher(target, args, kwargs):
+            return super().call_function(target, args, kwargs)
+
+    def call_method(self, target, args, kwargs):
+        with _dispatcher(target, args, kwargs):
+            return super().call_method(target, args, kwargs)
+
     def output(self, target, args, kwargs):
         # the structure the generated forward returns: plain lists and dicts, not fx's immutable ones
         return _mutable(args[0])
+
+
+def _dispatcher(target, args, kwargs):
+    return contextlib.nullcontext() if draws_random(target) else dispatcher_for(target, args, kwargs)
 
 
 def _mutable(value):

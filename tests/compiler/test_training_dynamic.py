@@ -138,3 +138,25 @@ def test_a_backward_whose_only_input_is_sized_by_an_expression_compiles():
             (out * torch.randn(out.shape)).sum().backward()
             grads.append(b.grad)
         torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_an_op_whose_cpp_composite_wants_concrete_sizes_trains():
+    """addcmul of broadcast operands: its C++ composite reads concrete sizes, so the fake run that
+    says which outputs require grad raised 'SymIntArrayRef expected to contain only concrete
+    integers' under dynamic=True (BackendCompilerFailed). The training trace now runs ops through
+    the Python dispatcher with symbolic sizes, as capture does (found by
+    tests/compiler/test_fuzz_training.py)."""
+    def f(a, b, idx):
+        t = torch.index_select(a, 1, idx)
+        return (torch.addcmul(t, t, b, value=0.5),)
+
+    compiled = kiln.compile(f, dynamic=True, options={"debug": True})
+    for n in (5, 7, 4):
+        grads = []
+        for fn in (f, compiled):
+            torch.manual_seed(n)
+            a, b = torch.randn(3, n, requires_grad=True), torch.randn(3, 1, requires_grad=True)
+            out = fn(a, b, torch.tensor([0, 2, 1, 1]))[0]
+            (out * torch.randn(out.shape)).sum().backward()
+            grads.append((out.detach(), a.grad, b.grad))
+        torch.testing.assert_close(grads[1], grads[0])
