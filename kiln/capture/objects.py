@@ -15,7 +15,7 @@ import types
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from kiln.capture import data_scalars
+from kiln.capture import data_scalars, odict_order
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, is_scalar_type, to_fake
@@ -1751,6 +1751,10 @@ def _call_method_var(frame, m, args, kwargs):
             return _object_attr(frame, obj, const_value(args[0], "attribute name"), plain=True)
         if fn in _OBJECT_SLOTS and isinstance(obj, FreshObjectVariable):
             return _OBJECT_SLOTS[fn](frame, obj, const_value(args[0], "attribute name"), *args[1:])
+        if fn.__objclass__ is dict and fn.__name__ in odict_order.STORAGE_READS and isinstance(obj, DictVariable) \
+                and odict_order.differs(obj):
+            raise Unsupported(f"dict.{fn.__name__} reads the storage order of an OrderedDict whose own order "
+                              f"differs (the model follows its own order)")
         view = readonly_dict_view(frame, obj, fn)
         if view is not None:
             return call_method(frame, view, fn.__name__, args, kwargs)
@@ -1788,6 +1792,10 @@ def readonly_dict_view(frame, obj, fn):
     value = obj.value
     if not all(type(k) in (str, int) for k in value):
         return None
+    if isinstance(value, collections.OrderedDict) and fn.__objclass__ is dict and fn.__name__ in odict_order.STORAGE_READS:
+        if list(dict.keys(value)) != list(value):  # (the view below follows its own order)
+            raise Unsupported(f"dict.{fn.__name__} reads the storage order of an OrderedDict whose own order differs")
+        frame.og.guards.storage_order_match(obj.source, value)
     frame.og.guards.keys_match(obj.source, value)
     return DictVariable({k: frame.og.wrap(dict.__getitem__(value, k), ItemSource(obj.source, k)) for k in value})
 
