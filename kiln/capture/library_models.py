@@ -28,7 +28,7 @@ import traceback
 import types
 import unicodedata
 
-from kiln.capture import graph_builder, objects, odict_desync, odict_order, tracebacks
+from kiln.capture import graph_builder, objects, odict_desync, tracebacks
 from kiln.capture.objects import TypeModel, const_value, describe, result_var
 from kiln.capture.python_builtins import BUILTIN_HANDLERS, call_method
 from kiln.capture.sources import AttrSource
@@ -245,10 +245,8 @@ def call_builtin_method(frame, cls, name, recv, args, kwargs):
         return odict_desync.bypass(frame, recv, name, args, kwargs)
     if isinstance(recv, odict_desync.DesyncedOrderedDict):
         return odict_desync.call_unbound(frame, cls, recv, name, args, kwargs)
-    if cls is dict and isinstance(recv, DictVariable) and odict_order.differs(recv) and \
-            name in odict_order.STORAGE_READS:
-        raise Unsupported(f"dict.{name} reads the storage order of an OrderedDict that move_to_end reordered "
-                          f"(the model follows its own order)")
+    if cls is dict and isinstance(recv, DictVariable):
+        recv = objects.dicts_own_receiver(recv, name)
     if isinstance(recv, (ListVariable, TupleVariable, DictVariable, SetVariable)) and name != "fromkeys":
         return call_method(frame, recv, name, args, kwargs)
     view = objects.readonly_dict_view(frame, recv, getattr(cls, name))  # an existing dict (subclass) read

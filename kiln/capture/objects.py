@@ -1751,10 +1751,8 @@ def _call_method_var(frame, m, args, kwargs):
             return _object_attr(frame, obj, const_value(args[0], "attribute name"), plain=True)
         if fn in _OBJECT_SLOTS and isinstance(obj, FreshObjectVariable):
             return _OBJECT_SLOTS[fn](frame, obj, const_value(args[0], "attribute name"), *args[1:])
-        if fn.__objclass__ is dict and fn.__name__ in odict_order.STORAGE_READS and isinstance(obj, DictVariable) \
-                and odict_order.differs(obj):
-            raise Unsupported(f"dict.{fn.__name__} reads the storage order of an OrderedDict whose own order "
-                              f"differs (the model follows its own order)")
+        if fn.__objclass__ is dict and isinstance(obj, DictVariable):
+            obj = dicts_own_receiver(obj, fn.__name__)
         view = readonly_dict_view(frame, obj, fn)
         if view is not None:
             return call_method(frame, view, fn.__name__, args, kwargs)
@@ -1781,6 +1779,18 @@ _OBJECT_SLOTS = {object.__getattribute__: fresh_attr, object.__setattr__: _store
                  object.__delattr__: _delete_and_return_none}
 
 _READONLY_DICT_METHODS = {"get", "keys", "values", "items", "__contains__", "__len__", "__getitem__", "copy"}
+
+
+def dicts_own_receiver(d, name):
+    """What dict's own method `name`, called unbound on the DictVariable `d` (`dict.copy(od)`), acts on:
+    a copy or union of a subclass instance is a plain dict (taken in the instance's own order); an
+    OrderedDict whose storage order differs from its own breaks where the method reads the storage."""
+    if name in odict_order.STORAGE_READS and odict_order.differs(d):
+        raise Unsupported(f"dict.{name} reads the storage order of an OrderedDict whose own order differs "
+                          f"(the model follows its own order)")
+    if name in ("copy", "__or__") and d.cls is not dict and issubclass(d.cls, dict):
+        return DictVariable(d.items)
+    return d
 
 
 def readonly_dict_view(frame, obj, fn):

@@ -30,9 +30,10 @@ def differs(d):
 
 
 def before_reorder(d):
-    """move_to_end is about to change `d`'s own order only: its storage keeps the current order."""
-    if is_ordered(d) and not differs(d):
-        d.storage = list(d.items)
+    """move_to_end is about to change `d`'s own order only: its storage keeps the current order (keys
+    a plain store added since its last change are placed now, while they are last in both orders)."""
+    if is_ordered(d):
+        d.storage = storage_order(d)
 
 
 def after_change(d, before):

@@ -133,3 +133,99 @@ def pops_reordered_input(x, d):
 
 def test_input_reordered_across_break():
     compare(pops_reordered_input, ("abc", "cab"))
+
+
+class Sub(OD):
+    """A user's OrderedDict: rebuilt and written back past its own methods."""
+
+    def move_to_end(self, key, last=True):  # (a restore must not call this)
+        raise AssertionError("the subclass's own move_to_end ran")
+
+
+def make_sub(storage, links):
+    d = Sub((k, i) for i, k in enumerate(storage))
+    for k in links:
+        OD.move_to_end(d, k)
+    return d
+
+
+def subclass_made_in_frame(x):
+    d = Sub(a=1, b=2, c=3)
+    OD.move_to_end(d, "a")
+    d["z"] = 4
+    print("break")
+    return x + 1, orders(d), d
+
+
+def test_subclass_rebuilt_with_both_orders():
+    x = torch.randn(2)
+    expected = subclass_made_in_frame(x)
+    actual = kiln.compile(subclass_made_in_frame, backend=CompileCounter())(x)
+    assert actual[1] == expected[1] and orders(actual[2]) == orders(expected[2]) and type(actual[2]) is Sub
+
+
+def writes_subclass(x, d):
+    OD.move_to_end(d, "b")
+    d["z"] = 5
+    return x + 1, list(d)
+
+
+def test_subclass_input_written_and_guarded():
+    counter = CompileCounter()
+    compiled = kiln.compile(writes_subclass, backend=counter)
+    for spec in [("abc", "abc"), ("abc", "cab"), ("abc", "cab"), ("cab", "cab")]:
+        x = torch.randn(2)
+        eager_in, compiled_in = make_sub(*spec), make_sub(*spec)
+        assert_equal_state(compiled(x, compiled_in), writes_subclass(x, eager_in))
+        assert orders(compiled_in) == orders(eager_in)
+
+
+def takes_storage_view(x, view, d):
+    d.move_to_end(next(iter(d)))
+    return x + 1, list(view)
+
+
+def test_dict_view_of_an_ordered_dict_follows_storage():
+    counter = CompileCounter()
+    compiled = kiln.compile(takes_storage_view, backend=counter)
+    for spec in [("abc", "abc"), ("abc", "bca")]:
+        x = torch.randn(2)
+        e, c = make(*spec), make(*spec)
+        assert_equal_state(compiled(x, dict.keys(c), c), takes_storage_view(x, dict.keys(e), e))
+        assert orders(c) == orders(e)
+
+
+def reorders_in_one_graph(x, d):
+    d.move_to_end("a")
+    d["q"] = 1
+    del d["b"]
+    d.move_to_end("c", last=False)
+    return x + 1, list(d), len(d)
+
+
+def test_reordered_input_in_one_graph():
+    compare(reorders_in_one_graph, ("abc", "abc"), graphs=1, fullgraph=True)
+    compare(reorders_in_one_graph, ("bac", "cab"), graphs=1, fullgraph=True)
+
+
+def dicts_own_copy(x):
+    d = OD(a=1, b=2)
+    d.move_to_end("a")
+    c, u = dict.copy(d), dict.__or__(d, {"z": 0})
+    return x + 1, type(c).__name__, list(c), type(u).__name__, list(u), type(dict.copy(Sub(q=1))).__name__
+
+
+def test_dicts_own_copy_and_union_are_plain_dicts():
+    """(dict.copy and dict.__or__ copy an OrderedDict in its own order, into a plain dict)"""
+    compare(dicts_own_copy, graphs=1, fullgraph=True)
+
+
+def stores_then_reorders(x, d):
+    d["e"] = 1  # (a plain store: last in both orders)
+    d["d"] = 0
+    d.move_to_end("d", last=False)
+    return x + 1, list(d)
+
+
+def test_plain_stores_then_move_to_end_on_desynced_input():
+    compare(stores_then_reorders, ("abc", "bca"), graphs=1, fullgraph=True)
