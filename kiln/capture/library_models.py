@@ -16,8 +16,8 @@ python_builtins.BUILTIN_HANDLERS, so the lower modules never import this one.
 """
 import binascii
 import collections
-import gc
 import enum
+import gc
 import inspect
 import os
 import pathlib
