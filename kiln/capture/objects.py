@@ -166,9 +166,9 @@ def _container_value(v, why, made):
             raise Unsupported(f"{why}: a dict with tensor or object keys", kind="unsupported_object")
         out = _empty_mapping(v, why)
         made[id(v)] = (out,)
-        for k, i in v.items.items():  # (one by one: Counter's update counts; dict.update skips OrderedDict's order)
-            out[k] = const_value(i, why, made)
-        return out
+        for k, i in odict_order.storage_items(v).items():  # (one by one: Counter's update counts; dict.update
+            out[k] = const_value(i, why, made)                   # skips OrderedDict's order)
+        return odict_order.relinked(out, v.items) if odict_order.differs(v) else out
     if isinstance(v, TupleVariable):
         vals = [const_value(i, why, made) for i in v.items]
         out = v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)

@@ -229,3 +229,17 @@ def stores_then_reorders(x, d):
 
 def test_plain_stores_then_move_to_end_on_desynced_input():
     compare(stores_then_reorders, ("abc", "bca"), graphs=1, fullgraph=True)
+
+
+def native_reader(d):
+    return list(dict.keys(d)), list(d)
+
+
+def passes_to_native(x):
+    d = OD(a=1, b=2, c=3)
+    d.move_to_end("a")
+    return x + 1, kiln.disable(native_reader)(d)
+
+
+def test_value_handed_to_native_code_keeps_both_orders():
+    compare(passes_to_native)
