@@ -10,7 +10,7 @@ import collections
 import inspect
 import types
 
-from kiln.capture import glue, graph_builder, objects
+from kiln.capture import glue, graph_builder, objects, odict_order
 from kiln.capture.objects import (call_method, call_python_function, const_value, make_tuple, new_set,
                                   unpack_iterable)
 from kiln.capture.python_builtins import BUILTIN_HANDLERS
@@ -153,6 +153,8 @@ def wrap_instance(og, value, source, guard):
             keys = tuple(base.keys(value))
             g.add(source, f"type(v) is {t} and tuple({b}.keys(v)) == {g.const(keys, 'KEYS')}",
                   f"type({source!r}) is {cls.__name__} and keys == {list(keys)}")
+            if base is collections.OrderedDict:  # its storage order too (dict's own methods read it)
+                g.storage_order_match(source, value)
     if base in (list, tuple):
         items = [og.wrap(base.__getitem__(value, i), BaseItemSource(source, i, via), guard)
                  for i in range(base.__len__(value))]
@@ -160,6 +162,8 @@ def wrap_instance(og, value, source, guard):
     else:
         var = DictVariable({k: og.wrap(dict.__getitem__(value, k), BaseItemSource(source, k, via), guard)
                             for k in base.keys(value)}, source, cls)
+        if base is collections.OrderedDict:
+            odict_order.from_input(var, list(dict.keys(value)))
     return _with_instance_dict(og, var, value, source, guard)
 
 
@@ -210,6 +214,10 @@ def write_back(g, container, target):
     elif base is set:  # in place, past the subclass's own operators, so the set keeps its own table
         todo.append((f"__s = {target}; __n = {{}}; {b}.difference_update(__s, {b}.difference(__s, __n)); "
                      f"{b}.update(__s, __n)", SetVariable(container.vars.items())))
+    elif base is collections.OrderedDict and odict_order.differs(container):  # both its orders
+        orders = TupleVariable([DictVariable(odict_order.storage_items(container)), DictVariable(container.items)])
+        todo.append((f"__d = {target}; __o = {{0}}; {b}.clear(__d); [{b}.__setitem__(__d, __k, __v) for __k, __v in "
+                     f"__o[0].items()]; {g.const(odict_order.relinked, 'RELINK')}(__d, __o[1])", orders))
     elif base not in _IMMUTABLE:
         todo.append((f"__d = {target}; {b}.clear(__d); [{b}.__setitem__(__d, __k, __v) for __k, __v in {{}}.items()]",
                      DictVariable(container.items)))

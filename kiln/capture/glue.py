@@ -12,7 +12,7 @@ import types
 
 import torch
 
-from kiln.capture import data_dicts, interpreter as interp
+from kiln.capture import data_dicts, interpreter as interp, odict_order
 from kiln.capture import resume
 from kiln.capture.exception_copies import fresh_exception
 from kiln.capture.rerun import rerun_eagerly
@@ -219,17 +219,11 @@ class Glue:
             return body if var.cls is set else f"frozenset({body})"
         if isinstance(var, DataDictVariable):
             return self._data_dict(var)
+        if isinstance(var, DictVariable) and odict_order.differs(var):  # built in storage order, then relinked
+            links = "[" + ", ".join(self.value(key_var(k)) for k in var.items) + "]"
+            return f"{self.const(odict_order.relinked, 'RELINK')}({self._dict(var, name)}, {links})"
         if isinstance(var, DictVariable):
-            body = "{" + ", ".join(f"{self.value(key_var(k))}: {self.value(v)}" for k, v in var.items.items()) + "}"
-            if var.cls is dict:
-                return body
-            factory = getattr(var, "default_factory", None)
-            if factory is not None:
-                return f"{self.const(var.cls, 'CLS')}({self.value(factory)}, {body})"
-            if _user_container(var.cls):
-                self._set_attributes(name, {}, DictVariable(var.attrs))
-                return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
-            return f"{self.const(var.cls, 'CLS')}({body})"
+            return self._dict(var, name)
         if isinstance(var, NDArrayVariable):
             if var.source is not None:
                 return var.source.expr(self.ctx)
@@ -292,6 +286,20 @@ class Glue:
             fn = self.value(var.fn) if isinstance(var.fn, FunctionVariable) else self.const(var.fn, "FN")
             return f"{self.const(types.MethodType, 'METHOD')}({fn}, {obj})"
         raise Unsupported(f"cannot rebuild {type(var).__name__} after a graph break")
+
+    def _dict(self, var, name):
+        """An expression for a dict (subclass) with `var`'s items, in its storage order."""
+        items = odict_order.storage_items(var)
+        body = "{" + ", ".join(f"{self.value(key_var(k))}: {self.value(v)}" for k, v in items.items()) + "}"
+        if var.cls is dict:
+            return body
+        factory = getattr(var, "default_factory", None)
+        if factory is not None:
+            return f"{self.const(var.cls, 'CLS')}({self.value(factory)}, {body})"
+        if _user_container(var.cls):
+            self._set_attributes(name, {}, DictVariable(var.attrs))
+            return f"{self.const(_new_instance, 'NEWINST')}({self.const(var.cls, 'CLS')}, {body})"
+        return f"{self.const(var.cls, 'CLS')}({body})"
 
     def _lazy_iterable(self, var):
         """An iterator or dict view rebuilt as the same kind of object in the same state, over the
@@ -401,6 +409,9 @@ class Glue:
             elif isinstance(container, SetVariable):  # in place, so the set keeps its own table
                 todo.append((f"__s = {target}; __n = {{}}; __s -= __s - __n; __s |= __n",
                              SetVariable(container.vars.items())))
+            elif isinstance(container, DictVariable) and odict_order.differs(container):  # both its orders
+                orders = TupleVariable([DictVariable(odict_order.storage_items(container)), DictVariable(container.items)])
+                todo.append((f"{self.const(odict_order.restore, 'RESTORE')}({target}, {{}})", orders))
             else:
                 todo.append((f"__d = {target}; __d.clear(); __d.update({{}})", DictVariable(container.items)))
         deletes = []

@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import (DimDynamic, PendingUnbackedSy
                                                    compute_unbacked_bindings, free_unbacked_symbols)
 from torch.utils import _pytree as pytree
 
-from kiln.capture import dynamic
+from kiln.capture import dynamic, odict_order
 from kiln.capture.guards import GuardSet, module_attribute
 from kiln.capture.shape_watch import ShapeWatch
 from kiln.capture.side_effects import SideEffects
@@ -202,10 +202,14 @@ class OutputGraph:
                 len(value) == len(list(value)):  # (an OrderedDict that dict's own methods changed iterates fewer)
             if g:
                 g.keys_match(source, value)
+                if type(value) is collections.OrderedDict:  # its storage order too (dict's own methods read it)
+                    g.storage_order_match(source, value)
             get = value.__getitem__ if type(value) is types.MappingProxyType else functools.partial(dict.__getitem__, value)
             items = {self._dict_key(k): self.wrap(get(k), ItemSource(source, k) if source else None, guard)
                      for k in value}  # (dict's own lookup: a subclass's __getitem__ or __missing__ is not run)
             d = DictVariable(items, source, type(value))
+            if type(value) is collections.OrderedDict:
+                odict_order.from_input(d, [self._dict_key(k) for k in dict.keys(value)])
             if type(value) is collections.defaultdict:
                 d.default_factory = self.wrap(value.default_factory,
                                               AttrSource(source, "default_factory") if source else None, guard)

@@ -198,6 +198,18 @@ class GuardSet:
         self.add(source, f"type(v) is {self.ref(type(value), 'T')} and {same}",
                  f"type({source!r}) is {type(value).__name__} and keys == {list(value.keys())}")
 
+    def storage_order_match(self, source, value):
+        """An OrderedDict's storage holds its keys in the same order as at capture (it may differ from
+        its own order after move_to_end; dict's own methods and a write-back depend on it)."""
+        keys = tuple(dict.keys(value))
+        if any(isinstance(k, torch.Tensor) for k in keys):  # (compared by identity, as a dict does)
+            same = f"all(a is b for a, b in zip(dict.keys(v), {self.const(keys, 'KEYS')}))"
+        elif all(a is b for a, b in zip(keys, value)):
+            same = "tuple(dict.keys(v)) == tuple(v)"  # (no constant: the keys guard names them)
+        else:
+            same = f"tuple(dict.keys(v)) == {self.const(self._interned(keys), 'KEYS')}"
+        self.add(source, same, f"{source!r} storage keys == {list(keys)}")
+
     def autocast_match(self):
         """The autocast state around the call: fake tensors took their dtypes from it, and code may
         branch on those (one cheap check while autocast is off, the common case)."""

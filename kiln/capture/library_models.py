@@ -17,6 +17,7 @@ python_builtins.BUILTIN_HANDLERS, so the lower modules never import this one.
 import binascii
 import collections
 import enum
+import gc
 import inspect
 import os
 import pathlib
@@ -244,6 +245,8 @@ def call_builtin_method(frame, cls, name, recv, args, kwargs):
         return odict_desync.bypass(frame, recv, name, args, kwargs)
     if isinstance(recv, odict_desync.DesyncedOrderedDict):
         return odict_desync.call_unbound(frame, cls, recv, name, args, kwargs)
+    if cls is dict and isinstance(recv, DictVariable):
+        recv = objects.dicts_own_receiver(recv, name)
     if isinstance(recv, (ListVariable, TupleVariable, DictVariable, SetVariable)) and name != "fromkeys":
         return call_method(frame, recv, name, args, kwargs)
     view = objects.readonly_dict_view(frame, recv, getattr(cls, name))  # an existing dict (subclass) read
@@ -377,6 +380,8 @@ def _wrap_dict_view(og, view, source, guard):
         return ObjectVariable(view, None)
     if guard:
         og.guards.type_match(source, view)
+    if any(isinstance(m, collections.OrderedDict) for m in gc.get_referents(view.mapping)):  # (the proxied dict)
+        return ObjectVariable(view, source, opaque=True)  # dict's view of an OrderedDict's storage order: not modelled
     mapping = og.wrap(view.mapping, AttrSource(source, "mapping"), guard)
     if not isinstance(mapping, DictVariable):  # (keys capture cannot hold exactly: known by type only)
         return ObjectVariable(view, source, opaque=True)

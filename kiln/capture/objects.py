@@ -15,7 +15,7 @@ import types
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from kiln.capture import data_scalars
+from kiln.capture import data_scalars, odict_order
 from kiln.capture.call_sites import original_code
 from kiln.capture.disable import is_disabled_function
 from kiln.capture.graph_builder import TENSOR_FACTS, is_library_module, is_scalar_type, to_fake
@@ -166,9 +166,9 @@ def _container_value(v, why, made):
             raise Unsupported(f"{why}: a dict with tensor or object keys", kind="unsupported_object")
         out = _empty_mapping(v, why)
         made[id(v)] = (out,)
-        for k, i in v.items.items():  # (one by one: Counter's update counts; dict.update skips OrderedDict's order)
-            out[k] = const_value(i, why, made)
-        return out
+        for k, i in odict_order.storage_items(v).items():  # (one by one: Counter's update counts; dict.update
+            out[k] = const_value(i, why, made)                   # skips OrderedDict's order)
+        return odict_order.relinked(out, v.items) if odict_order.differs(v) else out
     if isinstance(v, TupleVariable):
         vals = [const_value(i, why, made) for i in v.items]
         out = v.cls(*vals) if hasattr(v.cls, "_fields") else v.cls(vals)
@@ -1751,6 +1751,8 @@ def _call_method_var(frame, m, args, kwargs):
             return _object_attr(frame, obj, const_value(args[0], "attribute name"), plain=True)
         if fn in _OBJECT_SLOTS and isinstance(obj, FreshObjectVariable):
             return _OBJECT_SLOTS[fn](frame, obj, const_value(args[0], "attribute name"), *args[1:])
+        if fn.__objclass__ is dict and isinstance(obj, DictVariable):
+            obj = dicts_own_receiver(obj, fn.__name__)
         view = readonly_dict_view(frame, obj, fn)
         if view is not None:
             return call_method(frame, view, fn.__name__, args, kwargs)
@@ -1779,6 +1781,18 @@ _OBJECT_SLOTS = {object.__getattribute__: fresh_attr, object.__setattr__: _store
 _READONLY_DICT_METHODS = {"get", "keys", "values", "items", "__contains__", "__len__", "__getitem__", "copy"}
 
 
+def dicts_own_receiver(d, name):
+    """What dict's own method `name`, called unbound on the DictVariable `d` (`dict.copy(od)`), acts on:
+    a copy or union of a subclass instance is a plain dict (taken in the instance's own order); an
+    OrderedDict whose storage order differs from its own breaks where the method reads the storage."""
+    if name in odict_order.STORAGE_READS and odict_order.differs(d):
+        raise Unsupported(f"dict.{name} reads the storage order of an OrderedDict whose own order differs "
+                          f"(the model follows its own order)")
+    if name in ("copy", "__or__") and d.cls is not dict and issubclass(d.cls, dict):
+        return DictVariable(d.items)
+    return d
+
+
 def readonly_dict_view(frame, obj, fn):
     """dict's own read-only methods on an existing dict subclass instance (a registry, a ModelOutput):
     a DictVariable over its current items, guarded on its keys."""
@@ -1788,6 +1802,10 @@ def readonly_dict_view(frame, obj, fn):
     value = obj.value
     if not all(type(k) in (str, int) for k in value):
         return None
+    if isinstance(value, collections.OrderedDict) and fn.__objclass__ is dict and fn.__name__ in odict_order.STORAGE_READS:
+        if list(dict.keys(value)) != list(value):  # (the view below follows its own order)
+            raise Unsupported(f"dict.{fn.__name__} reads the storage order of an OrderedDict whose own order differs")
+        frame.og.guards.storage_order_match(obj.source, value)
     frame.og.guards.keys_match(obj.source, value)
     return DictVariable({k: frame.og.wrap(dict.__getitem__(value, k), ItemSource(obj.source, k)) for k in value})
 

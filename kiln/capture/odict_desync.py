@@ -22,7 +22,7 @@ bypassing call, which then runs natively on the real object. Fuzzed against CPyt
 import collections
 import operator
 
-from kiln.capture import glue, objects
+from kiln.capture import glue, objects, odict_order
 from kiln.capture.objects import TypeModel, apply_operator, dict_key
 from kiln.capture.python_builtins import check_dict_arguments, dict_method, dict_mutation
 from kiln.capture.variables import ConstantVariable, DictVariable, Variable, const
@@ -81,7 +81,7 @@ def _keeps_keys(d, name, args, kwargs):
 def _may_desync(d, name):
     if type(d) is not DictVariable or d.cls is not collections.OrderedDict or d.source is not None or d.attrs:
         return False
-    if getattr(d, "reordered", False) and name == "popitem":  # storage order no longer the iteration order
+    if odict_order.differs(d):  # (its storage order is not its order: the model keeps one order)
         return False
     return name != "popitem" or len(d.items) <= 1  # (which entry dict.popitem takes needs the storage order)
 

@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from kiln.capture import data_scalars
+from kiln.capture import data_scalars, odict_order
 from kiln.capture.objects import (BUILTIN_HANDLERS, CONTAINER_METHODS, VARIABLE_MODELS, apply_operator, call,
                                   call_method, const_value, delattr_var, describe, dict_key, fold_natively, get_iter,
                                   get_reversed, getattr_var, getitem, is_same, iter_next, key_var, make_tuple,
@@ -246,9 +246,9 @@ def dict_method(frame, d, name, args, kwargs):
         last = const_value(args[1]) if len(args) > 1 else const_value(kwargs.get("last", const(True)))
         if k not in d.items:
             raise Unsupported(f"KeyError {k!r}", python_exception=KeyError(k))
+        odict_order.before_reorder(d)  # (the storage keeps its order: dict.popitem(od) no longer takes the last key)
         value = d.items.pop(k)
         d.items = {k: value, **d.items} if not last else {**d.items, k: value}
-        d.reordered = True  # (the storage keeps its order: dict.popitem(od) no longer takes the last key)
         og.side_effects.mark_mutated(d)
         return const(None)
     if name in ("__setitem__", "update", "__init__", "__ior__", "pop", "setdefault", "clear", "__delitem__",
@@ -261,6 +261,13 @@ def dict_method(frame, d, name, args, kwargs):
 
 
 def dict_mutation(frame, d, name, args, kwargs):
+    before = set(d.items)
+    result = _mutate(frame, d, name, args, kwargs)
+    odict_order.after_change(d, before)  # (an OrderedDict's storage order, where it differs)
+    return result
+
+
+def _mutate(frame, d, name, args, kwargs):
     if name == "__setitem__":
         d.items[dict_key(args[0])] = args[1]
         return const(None)
