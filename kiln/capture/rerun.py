@@ -17,7 +17,6 @@ import inspect
 import torch
 
 from kiln.debug.logs import log
-from kiln.torch_compat import draws_random
 
 # a check the graph runs on a number read out of tensor data (an `assert` or torch._check in the
 # frame) raises RuntimeError, as torch.compile's graph does, where eager's `assert` raises
@@ -29,6 +28,7 @@ _NOT_PLAIN = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENE
 def can_rerun(og, code):
     """Whether the frame of `code`, whose graph `og` built, may run again eagerly after its graph
     raised (see the module docstring)."""
+    from kiln.torch_compat import draws_random  # (capture time only: the glue's module loads no sympy)
     if code.co_flags & _NOT_PLAIN or og.native_enters or og.native_exits:
         return False
     for node in og.graph.nodes:
@@ -42,9 +42,10 @@ def can_rerun(og, code):
 def rerun_eagerly(F, L, error):
     """Run function F eagerly on the arguments bound in L (in co_varnames order), after its graph
     raised `error`. Not inside autograd's backward (activation checkpointing runs the forward again
-    there, and stops it with an exception of its own): the error goes on as it is."""
-    if torch._C._current_graph_task_id() != -1:
-        raise error
+    there, and stops it with an exception of its own), and not for kiln's own errors: the error goes on
+    as it is."""
+    if torch._C._current_graph_task_id() != -1 or type(error).__module__.startswith("kiln."):
+        raise error  # (kiln's own errors, a safe kernel's bounds check, are reports, not the program's)
     code = F.__code__
     log("graph_breaks", "the graph of %s raised %s: %s; the frame runs again eagerly, from its start",
         code.co_qualname, type(error).__name__, error)
