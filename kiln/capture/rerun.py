@@ -1,8 +1,8 @@
 """A graph that raises when it runs: the frame runs again, eagerly, from its start.
 
 The glue writes a frame's side effects back after its graph ran (glue.replay_side_effects), so a
-graph that raises (an error its fake run did not see: a dtype mismatch in a matmul, a failed
-`torch._check`, an index out of range) would leave undone the writes eager makes before the failing
+graph that raises (an error its fake run did not see: a dtype mismatch in a matmul, an index
+out of range) would leave undone the writes eager makes before the failing
 op: `OBJ.n = x.shape[0]; y = x.double() @ w` raises in eager after setting OBJ.n. torch.compile
 loses those writes too. When running the frame a second time cannot be told from running it once,
 the glue instead runs the frame eagerly from its start, and eager's own error, traceback and side
