@@ -44,8 +44,11 @@ _RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "unifo
 
 
 def draws_random(target):
-    """Whether op `target` (a function, method name or OpOverload) may draw random numbers, by its
-    name: a conservative test (F.normalize counts too)."""
+    """Whether op `target` (a function, method name or OpOverload) may draw random numbers: an aten
+    op by its tag, a torch-level function or method (which has none) by its name, a conservative
+    test (F.normalize counts too)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in target.tags
     name = (target if isinstance(target, str) else getattr(target, "__name__", repr(target))).lower()
     return any(word in name for word in _RANDOM_WORDS)
 

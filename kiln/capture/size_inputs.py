@@ -94,8 +94,9 @@ def _lifted_graph(gm, reads, numbers):
     copied = {}
     out = graph.graph_copy(gm.graph, copied)
     graph.output(out)
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
     for sym, i in numbers.items():
-        env[sym] = copied[list(gm.graph.find_nodes(op="placeholder"))[i]]
+        env[sym] = copied[placeholders[i]]
     tracer = torch.fx.proxy.GraphAppendingTracer(graph)
     proxies = {sym: torch.fx.Proxy(node, tracer) for sym, node in env.items()}
     replaced = []
